@@ -1,0 +1,495 @@
+"""Extension configuration: :class:`SpecExitConfig` and :class:`DCutConfig`.
+
+This module is the single table of the extension's launcher flags. Every dataclass field
+carries its flag name, help text and parser in its ``metadata``; the CLI (``--specexit*``,
+``--dcut*`` on ``python -m sglang.launch_server``), ``sglang.Engine(...)`` keyword arguments,
+``--config`` YAML presets and the README flag table are all generated from it.
+
+Pure module: standard library only (the SpecExit method grammar is parsed by
+:mod:`sglang_ext.specexit.signals`, imported lazily).
+
+Values are validated in ``__post_init__``; errors are :class:`ConfigError` whose message
+starts with the offending flag, e.g. ``--dcut-tiers: tiers must be strictly increasing``.
+Checks that need the tokenizer (stop-think token, step-split strings) run when the worker
+starts (:func:`resolve_token_ids` is called there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+__all__ = [
+    "ConfigError",
+    "SpecExitConfig",
+    "DCutConfig",
+    "ExtensionConfig",
+    "FlagSpec",
+    "iter_flags",
+    "configs_from_mapping",
+    "check_against_server",
+    "resolve_token_ids",
+    "EAGLE_FAMILY",
+    "DCUT_ALGORITHMS",
+]
+
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN")
+"""Speculative algorithms served by ``EAGLEWorkerV2`` (SpecExit and D-Cut)."""
+DCUT_ALGORITHMS = EAGLE_FAMILY + ("DFLASH",)
+"""Speculative algorithms D-Cut can prune."""
+
+SIGNAL_NAMES = ("confidence", "progress", "remain")
+SMOOTHING_CHOICES = ("ewma", "momentum", "mean", "paragraph_mean")
+SIGNAL_SOURCE_CHOICES = ("head", "draft-confidence")
+DEFAULT_STEP_SPLIT_STRINGS: Tuple[str, ...] = ("\n\n", "\n\n\n", ".\n\n", ".\n\n\n", " \n\n", " \n\n\n")
+"""Paragraph-break strings of the SpecExit reference (ALGORITHMS.md A.6)."""
+DEFAULT_DCUT_TIERS: Tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+DCUT_OFF = "off"
+DCUT_AUTO = "auto"
+
+
+class ConfigError(ValueError):
+    """Invalid extension setting. The message starts with the flag (or request field) name."""
+
+
+# ----------------------------------------------------------------------------- parsers
+def _parse_bool(text: Any) -> bool:
+    if isinstance(text, bool):
+        return text
+    s = str(text).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean, got {text!r}")
+
+
+def _parse_optional_int(text: Any) -> Optional[int]:
+    if text is None:
+        return None
+    if isinstance(text, str) and text.strip().lower() in ("", "off", "none"):
+        return None
+    if isinstance(text, bool) or (isinstance(text, float) and not float(text).is_integer()):
+        raise ValueError(f"expected an integer or 'off', got {text!r}")
+    return int(text)
+
+
+def _parse_int(text: Any) -> int:
+    if isinstance(text, bool) or (isinstance(text, float) and not float(text).is_integer()):
+        raise ValueError(f"expected an integer, got {text!r}")
+    return int(text)
+
+
+def _parse_float(text: Any) -> float:
+    if isinstance(text, bool):
+        raise ValueError(f"expected a number, got {text!r}")
+    return float(text)
+
+
+def _parse_float_list(text: Any) -> Tuple[float, ...]:
+    if isinstance(text, (list, tuple)):
+        items = list(text)
+    else:
+        items = [t for t in str(text).replace(" ", "").split(",") if t != ""]
+    if not items:
+        raise ValueError("expected a comma-separated list of numbers")
+    return tuple(_parse_float(t) for t in items)
+
+
+def _parse_int_list(text: Any) -> Optional[Tuple[int, ...]]:
+    if text is None:
+        return None
+    if isinstance(text, (list, tuple)):
+        items = list(text)
+    else:
+        items = [t for t in str(text).replace(" ", "").split(",") if t != ""]
+    if not items:
+        raise ValueError("expected a comma-separated list of integers")
+    return tuple(_parse_int(t) for t in items)
+
+
+def _parse_string_list(text: Any) -> Tuple[str, ...]:
+    if isinstance(text, (list, tuple)):
+        items = list(text)
+    else:
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"expected a JSON list of strings, e.g. '[\"\\n\\n\"]' ({e.msg})") from None
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise ValueError("expected a JSON list of strings")
+    return tuple(items)
+
+
+def _parse_dcut_mode(text: Any):
+    if isinstance(text, bool):
+        raise ValueError(f"expected off, auto or a ratio in (0, 1], got {text!r}")
+    if isinstance(text, (int, float)):
+        return float(text)
+    s = str(text).strip().lower()
+    if s in (DCUT_OFF, DCUT_AUTO):
+        return s
+    try:
+        return float(s)
+    except ValueError:
+        raise ValueError(f"expected off, auto or a ratio in (0, 1], got {text!r}") from None
+
+
+def _parse_str(text: Any) -> str:
+    return str(text)
+
+
+def _parse_optional_str(text: Any) -> Optional[str]:
+    if text is None or str(text) == "":
+        return None
+    return str(text)
+
+
+# ----------------------------------------------------------------------------- flag metadata
+@dataclass(frozen=True)
+class FlagSpec:
+    """How one config field appears on the command line."""
+
+    flag: str
+    help: str
+    parse: Callable[[Any], Any]
+    metavar: Optional[str] = None
+    choices: Optional[Tuple[str, ...]] = None
+    store_true: bool = False
+    show_default: Optional[str] = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def _f(default, flag, help, parse, *, default_factory=None, **kw):
+    meta = {"flag": FlagSpec(flag=flag, help=help, parse=parse, **kw)}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def iter_flags(cls) -> List[Tuple[str, FlagSpec, Any]]:
+    """``(field_name, FlagSpec, default)`` for every flag of a config dataclass, in order."""
+    out = []
+    for f in dataclasses.fields(cls):
+        spec = f.metadata.get("flag")
+        if spec is None:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out.append((f.name, spec, default))
+    return out
+
+
+def _check(cond: bool, flag: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{flag}: {msg}")
+
+
+# ----------------------------------------------------------------------------- SpecExit
+@dataclass(frozen=True)
+class SpecExitConfig:
+    """Server-wide SpecExit settings (ALGORITHMS.md Part A). Per-request overrides come from
+    ``custom_params`` and are validated by :mod:`sglang_ext.specexit.overrides`."""
+
+    enabled: bool = _f(False, "--specexit", "Enable SpecExit: end the <think> phase early when the "
+                       "draft's smoothed signals say the answer is ready.", _parse_bool, store_true=True)
+    method: str = _f("confidence_progress_remain", "--specexit-method",
+                     "Signals used by the exit test: any '_'-joined combination of confidence, progress, "
+                     "remain (order-insensitive).", _parse_str, metavar="METHOD")
+    smoothing: str = _f("ewma", "--specexit-smoothing", "Smoother applied to each signal.", _parse_str,
+                        choices=SMOOTHING_CHOICES)
+    ewma_alpha: float = _f(0.1, "--specexit-ewma-alpha", "EWMA weight of the newest observation, in (0, 1].",
+                           _parse_float)
+    window: int = _f(10, "--specexit-window", "Window W of the momentum/mean/paragraph_mean smoothers "
+                     "(momentum needs W >= 2).", _parse_int)
+    confidence_threshold: float = _f(0.8, "--specexit-confidence-threshold",
+                                     "Exit needs smoothed confidence > this, in [0, 1].", _parse_float)
+    progress_threshold: float = _f(0.3, "--specexit-progress-threshold",
+                                   "Exit needs smoothed progress > this, in [0, 1].", _parse_float)
+    remain_threshold: float = _f(200.0, "--specexit-remain-threshold",
+                                 "Exit needs smoothed remaining think tokens < this (> 0).", _parse_float)
+    min_think_tokens: int = _f(0, "--specexit-min-think-tokens",
+                               "No signal-driven exit before this many thinking tokens.", _parse_int)
+    max_think_tokens: Optional[int] = _f(None, "--specexit-max-think-tokens",
+                                         "Force the exit at the next paragraph boundary once thinking reaches "
+                                         "this many tokens ('off' = no limit).", _parse_optional_int,
+                                         metavar="N|off", show_default="off")
+    max_think_grace: int = _f(64, "--specexit-max-think-grace",
+                              "After --specexit-max-think-tokens, exit without a boundary once this many more "
+                              "tokens pass.", _parse_int)
+    stop_think_token: str = _f("</think>", "--specexit-stop-think-token",
+                               "Token forced to end thinking; must encode to exactly one token id.", _parse_str)
+    step_split_tokens: Tuple[str, ...] = _f(None, "--specexit-step-split-tokens",
+                                            "JSON list of paragraph-boundary strings; those that encode to one "
+                                            "token form the boundary set.", _parse_string_list,
+                                            default_factory=lambda: DEFAULT_STEP_SPLIT_STRINGS,
+                                            metavar="JSON", show_default=json.dumps(list(DEFAULT_STEP_SPLIT_STRINGS)))
+    signal_source: str = _f("head", "--specexit-signal-source",
+                            "Where the signals come from: the SpecExit rows of the draft's fc ('head') or the "
+                            "draft's own token probabilities ('draft-confidence', confidence only, works with any "
+                            "EAGLE3 draft).", _parse_str, choices=SIGNAL_SOURCE_CHOICES)
+
+    def __post_init__(self):
+        _check(self.method != "", "--specexit-method", "must not be empty")
+        try:
+            signals = parse_method_words(self.method)
+        except ValueError as e:
+            raise ConfigError(f"--specexit-method: {e}") from None
+        object.__setattr__(self, "method", "_".join(signals))
+        _check(self.smoothing in SMOOTHING_CHOICES, "--specexit-smoothing",
+               f"unknown smoother {self.smoothing!r}; choose one of {', '.join(SMOOTHING_CHOICES)}")
+        _check(0.0 < self.ewma_alpha <= 1.0, "--specexit-ewma-alpha", f"must be in (0, 1], got {self.ewma_alpha}")
+        _check(self.window >= 1, "--specexit-window", f"must be >= 1, got {self.window}")
+        _check(not (self.smoothing == "momentum" and self.window < 2), "--specexit-window",
+               "momentum smoothing needs a window >= 2")
+        _check(0.0 <= self.confidence_threshold <= 1.0, "--specexit-confidence-threshold",
+               f"must be in [0, 1], got {self.confidence_threshold}")
+        _check(0.0 <= self.progress_threshold <= 1.0, "--specexit-progress-threshold",
+               f"must be in [0, 1], got {self.progress_threshold}")
+        _check(self.remain_threshold > 0 and math.isfinite(self.remain_threshold), "--specexit-remain-threshold",
+               f"must be a finite number > 0, got {self.remain_threshold}")
+        _check(self.min_think_tokens >= 0, "--specexit-min-think-tokens", f"must be >= 0, got {self.min_think_tokens}")
+        _check(self.max_think_tokens is None or self.max_think_tokens > 0, "--specexit-max-think-tokens",
+               f"must be > 0 or 'off', got {self.max_think_tokens}")
+        _check(self.max_think_tokens is None or self.max_think_tokens >= self.min_think_tokens,
+               "--specexit-max-think-tokens", "must be >= --specexit-min-think-tokens")
+        _check(self.max_think_grace >= 0, "--specexit-max-think-grace", f"must be >= 0, got {self.max_think_grace}")
+        _check(self.stop_think_token != "", "--specexit-stop-think-token", "must not be empty")
+        _check(len(self.step_split_tokens) > 0 and all(self.step_split_tokens), "--specexit-step-split-tokens",
+               "must be a non-empty list of non-empty strings")
+        object.__setattr__(self, "step_split_tokens", tuple(self.step_split_tokens))
+        _check(self.signal_source in SIGNAL_SOURCE_CHOICES, "--specexit-signal-source",
+               f"unknown source {self.signal_source!r}; choose one of {', '.join(SIGNAL_SOURCE_CHOICES)}")
+        if self.signal_source == "draft-confidence":
+            _check(signals == ("confidence",), "--specexit-signal-source",
+                   f"'draft-confidence' provides only the confidence signal, but --specexit-method "
+                   f"{self.method!r} asks for {', '.join(s for s in signals if s != 'confidence')}")
+
+    @property
+    def signals(self) -> Tuple[str, ...]:
+        """Active signals in the fixed order confidence, progress, remain."""
+        return parse_method_words(self.method)
+
+
+def parse_method_words(method: str) -> Tuple[str, ...]:
+    """Signals of a SpecExit method string, in the fixed order (confidence, progress, remain).
+
+    Examples
+    --------
+    >>> parse_method_words("remain_confidence")
+    ('confidence', 'remain')
+    """
+    words = method.strip().split("_") if method.strip() else []
+    if not words:
+        raise ValueError("empty method; use a '_'-joined combination of confidence, progress, remain")
+    seen = set()
+    for w in words:
+        if w not in SIGNAL_NAMES:
+            raise ValueError(f"unknown signal {w!r} in {method!r}; use a '_'-joined combination of "
+                             f"confidence, progress, remain")
+        if w in seen:
+            raise ValueError(f"signal {w!r} repeated in {method!r}")
+        seen.add(w)
+    return tuple(s for s in SIGNAL_NAMES if s in seen)
+
+
+# ----------------------------------------------------------------------------- D-Cut
+@dataclass(frozen=True)
+class DCutConfig:
+    """Server-wide D-Cut settings (ALGORITHMS.md Part B).
+
+    Ratios follow the bonus-inclusive convention: tier ratio rho keeps ceil(bs * N * rho)
+    target-verify tokens (the bs root/bonus slots included).
+    """
+
+    mode: Any = _f(DCUT_OFF, "--dcut", "D-Cut pruning of verified draft tokens: 'off', 'auto' (tier chosen per "
+                   "step from the cost table) or a fixed ratio in (0, 1] of the verify tokens.", _parse_dcut_mode,
+                   metavar="off|auto|RATIO")
+    tiers: Tuple[float, ...] = _f(None, "--dcut-tiers", "Verify-size tiers as fractions of the full verify width, "
+                                  "strictly increasing in (0, 1] and ending at 1.0.", _parse_float_list,
+                                  default_factory=lambda: DEFAULT_DCUT_TIERS, metavar="R1,R2,...",
+                                  show_default="0.25,0.5,0.75,1.0")
+    cost_table: Optional[str] = _f(None, "--dcut-cost-table", "Load this cost-table JSON instead of profiling at "
+                                   "launch.", _parse_optional_str, metavar="PATH")
+    cache_dir: Optional[str] = _f(None, "--dcut-cache-dir", "Directory of the profiled cost-table cache (default: "
+                                  "$XDG_CACHE_HOME/sglang_ext/dcut).", _parse_optional_str, metavar="DIR")
+    profile_steps: int = _f(5, "--dcut-profile-steps", "Timed speculative steps per (batch size, tier) when "
+                            "profiling.", _parse_int)
+    profile_warmup: int = _f(3, "--dcut-profile-warmup", "Warm-up steps per (batch size, tier) when profiling.",
+                             _parse_int)
+    profile_context_len: Optional[int] = _f(None, "--dcut-profile-context-len", "Context length of the profiling "
+                                            "batches (default 2048 on GPU; on CPU capped so that batch x context "
+                                            "fits the KV pool).", _parse_optional_int, metavar="N",
+                                            show_default="auto")
+    profile_batch_sizes: Optional[Tuple[int, ...]] = _f(None, "--dcut-profile-batch-sizes", "Batch sizes to "
+                                                        "profile (default: decode graph-capture sizes up to "
+                                                        "--max-running-requests; on CPU 1,4,8,16,32,64, capped).",
+                                                        _parse_int_list, metavar="B1,B2,...", show_default="auto")
+
+    def __post_init__(self):
+        m = self.mode
+        if isinstance(m, str):
+            _check(m in (DCUT_OFF, DCUT_AUTO), "--dcut", f"expected off, auto or a ratio in (0, 1], got {m!r}")
+        else:
+            _check(isinstance(m, float) and math.isfinite(m) and 0.0 < m <= 1.0, "--dcut",
+                   f"ratio must be in (0, 1], got {m}")
+        t = tuple(float(x) for x in self.tiers)
+        object.__setattr__(self, "tiers", t)
+        _check(len(t) >= 1, "--dcut-tiers", "needs at least one tier")
+        _check(all(0.0 < x <= 1.0 for x in t), "--dcut-tiers", f"every tier must be in (0, 1], got {list(t)}")
+        _check(all(a < b for a, b in zip(t, t[1:])), "--dcut-tiers", f"tiers must be strictly increasing, got {list(t)}")
+        _check(t[-1] == 1.0, "--dcut-tiers", f"the last tier must be 1.0 (full verify), got {t[-1]}")
+        if self.cost_table is not None:
+            _check(os.path.isfile(self.cost_table), "--dcut-cost-table", f"file not found: {self.cost_table}")
+        _check(self.profile_steps >= 1, "--dcut-profile-steps", f"must be >= 1, got {self.profile_steps}")
+        _check(self.profile_warmup >= 0, "--dcut-profile-warmup", f"must be >= 0, got {self.profile_warmup}")
+        _check(self.profile_context_len is None or self.profile_context_len >= 1, "--dcut-profile-context-len",
+               f"must be >= 1, got {self.profile_context_len}")
+        if self.profile_batch_sizes is not None:
+            b = tuple(self.profile_batch_sizes)
+            _check(len(b) > 0 and all(x >= 1 for x in b), "--dcut-profile-batch-sizes",
+                   f"batch sizes must be >= 1, got {list(b)}")
+            _check(all(x < y for x, y in zip(b, b[1:])), "--dcut-profile-batch-sizes",
+                   f"batch sizes must be strictly increasing, got {list(b)}")
+            object.__setattr__(self, "profile_batch_sizes", b)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != DCUT_OFF
+
+    @property
+    def auto(self) -> bool:
+        return self.mode == DCUT_AUTO
+
+    @property
+    def fixed_ratio(self) -> Optional[float]:
+        """The user's fixed ratio, or None for off/auto."""
+        return self.mode if isinstance(self.mode, float) else None
+
+    def fixed_ratio_fraction(self) -> Optional[Fraction]:
+        """Exact rational form of the fixed ratio (see ``sglang_ext.dcut.tiers``)."""
+        return None if self.fixed_ratio is None else Fraction(str(self.fixed_ratio))
+
+
+# ----------------------------------------------------------------------------- both
+@dataclass(frozen=True)
+class ExtensionConfig:
+    """Both feature configs, as attached to ``ServerArgs`` (``_specexit``, ``_dcut``)."""
+
+    specexit: SpecExitConfig = field(default_factory=SpecExitConfig)
+    dcut: DCutConfig = field(default_factory=DCutConfig)
+
+    @property
+    def enabled(self) -> bool:
+        return self.specexit.enabled or self.dcut.enabled
+
+
+def _all_flag_fields():
+    for cls, key in ((SpecExitConfig, "specexit"), (DCutConfig, "dcut")):
+        for name, spec, default in iter_flags(cls):
+            yield cls, key, name, spec, default
+
+
+EXTENSION_DESTS = tuple(spec.dest for _, _, _, spec, _ in _all_flag_fields())
+"""argparse ``dest`` names / ``Engine`` keyword names of every extension flag."""
+
+
+def configs_from_mapping(values: Mapping[str, Any], *, present_only: bool = True) -> ExtensionConfig:
+    """Build both configs from a mapping keyed by flag dest (``specexit_method``, ``dcut`` ...).
+
+    Used for the argparse namespace (as ``vars(args)``), ``Engine(**kwargs)`` and tests. Values may be
+    strings (CLI/YAML) or already-typed Python values. Keys that are absent or None keep the default.
+
+    Examples
+    --------
+    >>> cfg = configs_from_mapping({"specexit": True, "dcut": "auto", "dcut_tiers": "0.5,1.0"})
+    >>> cfg.specexit.enabled, cfg.dcut.mode, cfg.dcut.tiers
+    (True, 'auto', (0.5, 1.0))
+    """
+    kwargs: Dict[str, Dict[str, Any]] = {"specexit": {}, "dcut": {}}
+    for _cls, key, name, spec, _default in _all_flag_fields():
+        if spec.dest not in values:
+            continue
+        raw = values[spec.dest]
+        if raw is None:
+            continue
+        try:
+            val = spec.parse(raw)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{spec.flag}: {e}") from None
+        if spec.choices is not None and val not in spec.choices:
+            raise ConfigError(f"{spec.flag}: invalid choice {val!r} (choose from {', '.join(spec.choices)})")
+        kwargs[key][name] = val
+    return ExtensionConfig(specexit=SpecExitConfig(**kwargs["specexit"]), dcut=DCutConfig(**kwargs["dcut"]))
+
+
+def check_against_server(cfg: ExtensionConfig, speculative_algorithm: Optional[str]) -> None:
+    """Cross-checks with SGLang's own flags that need no model or tokenizer.
+
+    Examples
+    --------
+    >>> check_against_server(configs_from_mapping({"dcut": "auto"}), None)
+    Traceback (most recent call last):
+    ...
+    sglang_ext.config.ConfigError: --dcut: D-Cut prunes speculative decoding; add --speculative-algorithm (EAGLE, EAGLE3, NEXTN or DFLASH)
+    """
+    algo = (speculative_algorithm or "").upper() or None
+    if cfg.dcut.enabled:
+        if algo is None or algo == "NONE":
+            raise ConfigError("--dcut: D-Cut prunes speculative decoding; add --speculative-algorithm "
+                              f"({', '.join(DCUT_ALGORITHMS[:-1])} or {DCUT_ALGORITHMS[-1]})")
+        if algo not in DCUT_ALGORITHMS:
+            raise ConfigError(f"--dcut: not supported with --speculative-algorithm {algo}; "
+                              f"supported: {', '.join(DCUT_ALGORITHMS)}")
+    if cfg.specexit.enabled:
+        if algo not in EAGLE_FAMILY:
+            raise ConfigError("--specexit: needs an EAGLE-family draft (--speculative-algorithm EAGLE3, EAGLE or "
+                              f"NEXTN), got {algo or 'no speculative decoding'}")
+
+
+@dataclass(frozen=True)
+class ResolvedTokens:
+    """Token ids SpecExit needs, resolved with the served tokenizer at worker start."""
+
+    stop_think_id: int
+    step_split_ids: Tuple[int, ...]
+    dropped_step_split: Tuple[str, ...]
+
+
+def resolve_token_ids(cfg: SpecExitConfig, encode: Callable[[str], Sequence[int]]) -> ResolvedTokens:
+    """Resolve the stop-think token and the boundary set with the tokenizer's ``encode``
+    (without special-token additions).
+
+    Examples
+    --------
+    >>> vocab = {"</think>": 7, "\\n\\n": 3}
+    >>> enc = lambda s: [vocab[s]] if s in vocab else [1, 2]
+    >>> r = resolve_token_ids(SpecExitConfig(enabled=True), enc)
+    >>> r.stop_think_id, r.step_split_ids
+    (7, (3,))
+    """
+    stop = list(encode(cfg.stop_think_token))
+    if len(stop) != 1:
+        raise ConfigError(f"--specexit-stop-think-token: {cfg.stop_think_token!r} must encode to exactly one token "
+                          f"with this tokenizer, got {len(stop)} tokens {stop}")
+    ids: List[int] = []
+    dropped: List[str] = []
+    for s in cfg.step_split_tokens:
+        enc = list(encode(s))
+        if len(enc) == 1:
+            if enc[0] not in ids:
+                ids.append(enc[0])
+        else:
+            dropped.append(s)
+    if not ids:
+        raise ConfigError("--specexit-step-split-tokens: none of "
+                          f"{json.dumps(list(cfg.step_split_tokens))} encodes to a single token with this tokenizer, "
+                          "so SpecExit could never find a paragraph boundary")
+    return ResolvedTokens(stop_think_id=int(stop[0]), step_split_ids=tuple(ids), dropped_step_split=tuple(dropped))

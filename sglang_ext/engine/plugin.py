@@ -1,0 +1,216 @@
+"""SGLang plugin glue: every hook the extension installs, in one place.
+
+``sglang_ext.register()`` (the ``sglang.srt.plugins`` entry point) calls :func:`register_hooks`
+in every SGLang process (launcher, HTTP server, schedulers, detokenizer). Hooks are registered
+with SGLang's ``HookRegistry``; SGLang applies them right after all plugins ran. Each hooked
+internal is documented in ``patches/`` (see ``patches/INDEX.md``) and has a drift-guard test.
+
+Hooks:
+
+=====================================================================  ======  =======================
+target                                                                 type    purpose
+=====================================================================  ======  =======================
+``sglang.srt.server_args.ServerArgs.add_cli_args``                     AFTER   add --specexit*/--dcut*
+``sglang.srt.server_args.ServerArgs.from_cli_args``                    AROUND  build + attach configs
+``sglang.srt.entrypoints.engine.Engine.__init__``                      AROUND  Engine(**kwargs) support
+``sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker`` AROUND  worker subclass swap
+=====================================================================  ======  =======================
+
+plus the CPU testbed's torch attention backend registration (``engine/cpu/torch_backend.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import logging
+import sys
+from typing import Any, Optional
+
+from sglang_ext import SUPPORTED_SGLANG_VERSION
+from sglang_ext.config import (
+    EAGLE_FAMILY,
+    EXTENSION_DESTS,
+    ConfigError,
+    DCutConfig,
+    ExtensionConfig,
+    SpecExitConfig,
+    check_against_server,
+    configs_from_mapping,
+    iter_flags,
+)
+
+logger = logging.getLogger(__name__)
+
+SPECEXIT_ATTR = "_specexit"
+DCUT_ATTR = "_dcut"
+
+HOOK_ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
+HOOK_FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+HOOK_ENGINE_INIT = "sglang.srt.entrypoints.engine.Engine.__init__"
+HOOK_CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
+
+_registered = False
+
+
+class SGLangVersionError(RuntimeError):
+    pass
+
+
+def check_sglang_version(installed: Optional[str] = None) -> str:
+    """Raise :class:`SGLangVersionError` unless the installed SGLang is the supported release."""
+    if installed is None:
+        try:
+            installed = importlib.metadata.version("sglang")
+        except importlib.metadata.PackageNotFoundError:
+            raise SGLangVersionError("sglang_ext needs sglang==%s, but sglang is not installed"
+                                     % SUPPORTED_SGLANG_VERSION) from None
+    if installed != SUPPORTED_SGLANG_VERSION:
+        raise SGLangVersionError(
+            f"sglang_ext {__import__('sglang_ext').__version__} supports only sglang=={SUPPORTED_SGLANG_VERSION}, "
+            f"but sglang=={installed} is installed; install the pinned release or disable the plugin with "
+            f"SGLANG_PLUGINS=<other plugins>"
+        )
+    return installed
+
+
+# ----------------------------------------------------------------------------- config access
+def get_extension_config(server_args: Any) -> ExtensionConfig:
+    """The configs attached to a ``ServerArgs`` (defaults when none are attached)."""
+    se = getattr(server_args, SPECEXIT_ATTR, None)
+    dc = getattr(server_args, DCUT_ATTR, None)
+    return ExtensionConfig(specexit=se if se is not None else SpecExitConfig(),
+                           dcut=dc if dc is not None else DCutConfig())
+
+
+def attach_extension_config(server_args: Any, cfg: ExtensionConfig) -> None:
+    """Store the configs as underscore attributes; they are pickled to every scheduler process."""
+    setattr(server_args, SPECEXIT_ATTR, cfg.specexit)
+    setattr(server_args, DCUT_ATTR, cfg.dcut)
+
+
+# ----------------------------------------------------------------------------- CLI
+def add_extension_cli_args(parser: argparse.ArgumentParser) -> None:
+    """Add every ``--specexit*``/``--dcut*`` flag (generated from the config dataclasses)."""
+    if any(a.dest == "specexit" for a in parser._actions):
+        return
+    for title, cls in (("sglang_ext SpecExit", SpecExitConfig), ("sglang_ext D-Cut", DCutConfig)):
+        group = parser.add_argument_group(title)
+        for _name, spec, default in iter_flags(cls):
+            shown = spec.show_default if spec.show_default is not None else default
+            help_text = f"{spec.help} (default: {shown})" if not spec.store_true else spec.help
+            if spec.store_true:
+                group.add_argument(spec.flag, dest=spec.dest, action="store_true", default=None, help=help_text)
+            else:
+                # Values are parsed and validated by the config dataclasses so that argparse, YAML
+                # presets and Engine kwargs share one code path and one message format.
+                group.add_argument(spec.flag, dest=spec.dest, default=None, metavar=spec.metavar,
+                                   choices=spec.choices, help=help_text)
+
+
+def _speculative_algorithm_of(obj: Any) -> Optional[str]:
+    algo = getattr(obj, "speculative_algorithm", None)
+    if algo is None:
+        return None
+    return getattr(algo, "name", str(algo))
+
+
+def build_checked_config(values: dict, speculative_algorithm: Optional[str]) -> ExtensionConfig:
+    cfg = configs_from_mapping(values)
+    check_against_server(cfg, speculative_algorithm)
+    return cfg
+
+
+def _fail_cli(err: ConfigError) -> None:
+    sys.stderr.write(f"sglang serve: error: {err}\n")
+    sys.exit(2)
+
+
+def _after_add_cli_args(result, parser, *args, **kwargs):
+    add_extension_cli_args(parser)
+    return result
+
+
+def _around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
+    server_args = original_fn(cls, args, *rest, **kwargs)
+    try:
+        cfg = build_checked_config(vars(args), _speculative_algorithm_of(args))
+    except ConfigError as e:
+        _fail_cli(e)
+    attach_extension_config(server_args, cfg)
+    return server_args
+
+
+def _around_engine_init(original_fn, self, *args, **kwargs):
+    ext = {k: kwargs.pop(k) for k in list(kwargs) if k in EXTENSION_DESTS}
+    if not ext:
+        return original_fn(self, *args, **kwargs)
+    if "server_args" in kwargs:
+        raise TypeError("sglang_ext: pass extension options either as Engine keyword arguments or attached to "
+                        "server_args (sglang_ext.attach_extension_config), not both")
+    # Mirror Engine.__init__'s own construction so the extension configs can be attached
+    # before the scheduler processes are spawned.
+    from sglang.srt.entrypoints.engine import Engine
+
+    cfg = build_checked_config(ext, kwargs.get("speculative_algorithm"))
+    kwargs.setdefault("log_level", "error")
+    server_args = getattr(self, "server_args_class", None) or Engine.server_args_class
+    sa = server_args(**kwargs)
+    sa._launch_command = "Engine(" + ", ".join(f"{k}={v!r}" for k, v in {**kwargs, **ext}.items()) + ")"
+    attach_extension_config(sa, cfg)
+    return original_fn(self, server_args=sa)
+
+
+# ----------------------------------------------------------------------------- worker swap
+def select_worker_class(base_cls: Any, server_args: Any) -> Any:
+    """The worker class to use instead of SGLang's ``base_cls`` for these server args."""
+    cfg = get_extension_config(server_args)
+    if not cfg.enabled:
+        return base_cls
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    if isinstance(base_cls, type) and base_cls is EAGLEWorkerV2:
+        from sglang_ext.engine.eagle_worker import ExtEAGLEWorker
+
+        return ExtEAGLEWorker
+    algo = _speculative_algorithm_of(server_args)
+    if cfg.specexit.enabled and algo not in EAGLE_FAMILY:
+        raise ConfigError(f"--specexit: needs an EAGLE-family algorithm, got {algo}")
+    logger.warning("sglang_ext: no extension worker for %s (%s); D-Cut/SpecExit are inactive",
+                   getattr(base_cls, "__name__", base_cls), algo)
+    return base_cls
+
+
+def _around_create_worker(original_fn, self, server_args, *args, **kwargs):
+    base_cls = original_fn(self, server_args, *args, **kwargs)
+    return select_worker_class(base_cls, server_args)
+
+
+# ----------------------------------------------------------------------------- registration
+def register_hooks() -> None:
+    """Register all hooks (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    check_sglang_version()
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(HOOK_ADD_CLI_ARGS, _after_add_cli_args, HookType.AFTER)
+    HookRegistry.register(HOOK_FROM_CLI_ARGS, _around_from_cli_args, HookType.AROUND)
+    HookRegistry.register(HOOK_ENGINE_INIT, _around_engine_init, HookType.AROUND)
+    HookRegistry.register(HOOK_CREATE_WORKER, _around_create_worker, HookType.AROUND)
+    _register_cpu_backend()
+    _registered = True
+
+
+def _register_cpu_backend() -> None:
+    """Register the torch tree-attention backend (usable on any device; the CPU testbed's default)."""
+    import importlib
+
+    try:
+        torch_backend = importlib.import_module("sglang_ext.engine.cpu.torch_backend")
+    except ModuleNotFoundError as e:
+        if e.name != "sglang_ext.engine.cpu.torch_backend":
+            raise
+        return
+    torch_backend.register()
