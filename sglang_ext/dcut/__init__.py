@@ -1,0 +1,130 @@
+"""D-Cut: batch-level pruning of draft tokens before target verification (pure torch).
+
+Pure math only: this package imports torch, numpy and the standard library, never sglang.
+The SGLang glue (``sglang_ext.engine``) calls these functions and nothing else:
+
+* confidences and survival scores: :func:`confidence_from_logits`,
+  :func:`confidence_from_probs`, :func:`chain_survival`, :func:`tree_survival`;
+* the planner: :func:`choose` (tier + global top-K) -> :class:`DCutPlan`, and the opt-in
+  :func:`choose_scan`;
+* tiers: :func:`keep_count` (bonus-inclusive, exact), :data:`DEFAULT_TIERS`,
+  :data:`FALLBACK_RATIO`;
+* the cost table: :class:`CostTable`, :class:`CostTableKey`, :class:`CostTableError`;
+* trees: :class:`TreeTopology`, :func:`cut_links` (same layout, pruned nodes unreachable),
+  :func:`compact_tree` (ragged verify inputs), :func:`build_full_mask` (FULL_MASK layout),
+  :func:`scatter_to_full` (outputs back to the strided layout).
+
+A typical chain step::
+
+    conf = confidence_from_logits(draft_logits)            # [bs, K]
+    plan = choose(chain_survival(conf).scores, table)      # tier + keep_lens
+    keep = chain_keep_mask(plan.keep_lens, K + 1)          # [bs, N]
+    ct = compact_tree(keep, draft_token, positions, nt, ns, num_tokens=plan.verify_width)
+"""
+
+from sglang_ext.dcut.budget import Ranking, rank_chain, rank_tree, select, top_sums
+from sglang_ext.dcut.cost_table import (
+    COST_TABLE_VERSION,
+    CostTable,
+    CostTableError,
+    CostTableKey,
+)
+from sglang_ext.dcut.planner import (
+    MODE_AUTO,
+    MODE_FALLBACK,
+    MODE_OFF,
+    MODE_RATIO,
+    MODE_SCAN,
+    DCutPlan,
+    choose,
+    choose_scan,
+    reset_fallback_warning,
+)
+from sglang_ext.dcut.scores import (
+    INELIGIBLE_SCORE,
+    SurvivalScores,
+    chain_survival,
+    confidence_from_logits,
+    confidence_from_probs,
+    tree_survival,
+)
+from sglang_ext.dcut.tiers import (
+    DEFAULT_TIERS,
+    FALLBACK_RATIO,
+    NO_TIER,
+    keep_count,
+    page_keep_count,
+    scan_budget,
+    smallest_fitting_tier,
+    tier_keep_counts,
+)
+from sglang_ext.dcut.tree import (
+    NO_LINK,
+    NO_PARENT,
+    NOT_KEPT,
+    PAD_INDEX,
+    UNREACHABLE_DEPTH,
+    CompactTree,
+    TreeTopology,
+    ancestor_mask,
+    build_full_mask,
+    chain_keep_mask,
+    chain_retrive,
+    compact_tree,
+    cut_links,
+    parents_from_retrive,
+    retrive_from_parents,
+    scatter_to_full,
+    tree_block_from_full_mask,
+)
+
+__all__ = [
+    "COST_TABLE_VERSION",
+    "CompactTree",
+    "CostTable",
+    "CostTableError",
+    "CostTableKey",
+    "DCutPlan",
+    "DEFAULT_TIERS",
+    "FALLBACK_RATIO",
+    "INELIGIBLE_SCORE",
+    "MODE_AUTO",
+    "MODE_FALLBACK",
+    "MODE_OFF",
+    "MODE_RATIO",
+    "MODE_SCAN",
+    "NO_LINK",
+    "NO_PARENT",
+    "NO_TIER",
+    "NOT_KEPT",
+    "PAD_INDEX",
+    "Ranking",
+    "SurvivalScores",
+    "TreeTopology",
+    "UNREACHABLE_DEPTH",
+    "ancestor_mask",
+    "build_full_mask",
+    "chain_keep_mask",
+    "chain_retrive",
+    "chain_survival",
+    "choose",
+    "choose_scan",
+    "compact_tree",
+    "confidence_from_logits",
+    "confidence_from_probs",
+    "cut_links",
+    "keep_count",
+    "page_keep_count",
+    "parents_from_retrive",
+    "rank_chain",
+    "rank_tree",
+    "reset_fallback_warning",
+    "retrive_from_parents",
+    "scan_budget",
+    "scatter_to_full",
+    "select",
+    "smallest_fitting_tier",
+    "tier_keep_counts",
+    "top_sums",
+    "tree_survival",
+]

@@ -1,0 +1,288 @@
+"""Global top-K selection of draft nodes across a batch (pure torch).
+
+Given survival scores for every candidate node of a batch, D-Cut keeps the K best candidates
+across the whole batch (ALGORITHMS.md B.3, B.8). Candidates are ranked by
+
+    (score descending, depth ascending, request index ascending, node index ascending).
+
+Before ranking, scores are made non-increasing along every root path (a running minimum, with
+non-finite scores treated as ``-inf``): a no-op for valid survival scores, it guarantees that
+the kept set is ancestor-closed (a prefix per chain, a rooted subtree per tree) whatever the
+input, and that ineligible nodes take their descendants with them. Ineligible candidates are
+never kept, so the number kept can be below the budget.
+
+One :class:`Ranking` is computed per step and shared by the tier choice (prefix sums of the
+sorted scores) and the selection. See ``tree.py`` for the glossary of shape names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang_ext.dcut.tree import NO_PARENT, TreeTopology, num_jump_rounds
+
+__all__ = [
+    "Ranking",
+    "rank_chain",
+    "rank_tree",
+    "top_sums",
+    "select",
+    "keep_lens_from_selection",
+    "keep_mask_from_selection",
+]
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Candidates of one batch in keep order.
+
+    Attributes
+    ----------
+    order : torch.Tensor
+        ``[num_candidates]`` int64 flat candidate ids, best first. Chains: id ``b * K + j``
+        for draft slot j (0-based) of request b; trees: ``b * num_nodes + u`` (roots are not
+        candidates).
+    sorted_scores : torch.Tensor
+        ``[num_candidates]`` float64 scores in ``order``; 0 for ineligible candidates.
+    prefix_sums : torch.Tensor
+        ``[num_candidates + 1]`` float64, ``prefix_sums[k]`` = sum of the k best scores
+        (leading 0); flat once the eligible candidates are exhausted.
+    num_eligible : torch.Tensor
+        0-d int64, eligible candidates.
+    batch_size : int
+        Requests.
+    row_width : int
+        Columns of the score tensor (``K`` for chains, ``num_nodes`` for trees).
+    is_tree : bool
+        Whether ids are tree node ids (root column included) or chain slot ids.
+    """
+
+    order: torch.Tensor
+    sorted_scores: torch.Tensor
+    prefix_sums: torch.Tensor
+    num_eligible: torch.Tensor
+    batch_size: int
+    row_width: int
+    is_tree: bool
+
+    @property
+    def num_candidates(self) -> int:
+        return self.order.shape[0]
+
+
+def _finish_ranking(
+    order: torch.Tensor,  # [num_candidates]
+    flat_scores: torch.Tensor,  # [batch_size * row_width], -inf = ineligible
+    batch_size: int,
+    row_width: int,
+    is_tree: bool,
+) -> Ranking:
+    s = flat_scores[order].to(torch.float64)
+    eligible = s > float("-inf")
+    s = torch.where(eligible, s, torch.zeros_like(s))
+    prefix = torch.zeros(s.shape[0] + 1, dtype=torch.float64, device=s.device)
+    prefix[1:] = torch.cumsum(s, dim=0)
+    return Ranking(
+        order=order,
+        sorted_scores=s,
+        prefix_sums=prefix,
+        num_eligible=eligible.sum(),
+        batch_size=batch_size,
+        row_width=row_width,
+        is_tree=is_tree,
+    )
+
+
+def _sanitize(scores: torch.Tensor) -> torch.Tensor:
+    scores = scores.float()
+    return torch.where(torch.isfinite(scores), scores, torch.full_like(scores, float("-inf")))
+
+
+def rank_chain(
+    scores: torch.Tensor,  # [batch_size, num_draft_slots]
+) -> Ranking:
+    """Rank the draft slots of a batch of chains.
+
+    Parameters
+    ----------
+    scores : torch.Tensor
+        ``[batch_size, num_draft_slots]`` survival scores (bonus slot excluded); non-finite
+        entries are ineligible, and so is every later slot of the same request.
+
+    Returns
+    -------
+    Ranking
+
+    Examples
+    --------
+    Ties at score 1 go to the shallower slot first, then to the lower request::
+
+        >>> r = rank_chain(torch.tensor([[1.0, 1.0], [1.0, 0.5]]))
+        >>> r.order.tolist(), r.prefix_sums.tolist()
+        ([0, 2, 1, 3], [0.0, 1.0, 2.0, 3.0, 3.5])
+    """
+    bs, k = scores.shape
+    s = torch.cummin(_sanitize(scores), dim=1).values
+    # Column-major flattening is (depth asc, request asc); a stable sort on the score keeps it.
+    col_major = s.t().reshape(-1)
+    perm = torch.sort(col_major, descending=True, stable=True).indices
+    j = torch.div(perm, bs, rounding_mode="floor")
+    b = perm - j * bs
+    order = b * k + j
+    return _finish_ranking(order, s.reshape(-1), bs, k, is_tree=False)
+
+
+def rank_tree(
+    scores: torch.Tensor,  # [batch_size, num_nodes], root column ignored
+    topology: TreeTopology,
+    candidate_mask: Optional[torch.Tensor] = None,  # [batch_size, num_nodes] bool
+) -> Ranking:
+    """Rank the non-root nodes of a batch of trees.
+
+    Parameters
+    ----------
+    scores : torch.Tensor
+        ``[batch_size, num_nodes]`` path-product survival scores (node 0 = root, ignored).
+    topology : TreeTopology
+        Parents and depths; nodes not linked to the root are ineligible.
+    candidate_mask : torch.Tensor, optional
+        ``[batch_size, num_nodes]`` bool; nodes outside it (and their descendants) are
+        ineligible, e.g. padding nodes.
+
+    Returns
+    -------
+    Ranking
+
+    Examples
+    --------
+    Root 0 -> {1, 2}, 1 -> {3}; node 3 ties with its parent and ranks right after it::
+
+        >>> topo = TreeTopology.from_parents(torch.tensor([[-1, 0, 0, 1]]))
+        >>> rank_tree(torch.tensor([[1.0, 0.5, 0.25, 0.5]]), topo).order.tolist()
+        [1, 3, 2]
+    """
+    bs, n = scores.shape
+    device = scores.device
+    s = _sanitize(scores)
+    eligible = topology.reachable.clone()
+    eligible[:, 0] = False
+    if candidate_mask is not None:
+        eligible &= candidate_mask.to(torch.bool)
+    s = torch.where(eligible, s, torch.full_like(s, float("-inf")))
+    # Running minimum along root paths (pointer jumping); the root does not constrain.
+    s = torch.where(
+        torch.arange(n, device=device).unsqueeze(0) == 0, torch.full_like(s, float("inf")), s
+    )
+    parent = topology.parent
+    jump = torch.where(parent == NO_PARENT, torch.full_like(parent, n), parent)
+    jump = torch.cat([jump, torch.full((bs, 1), n, dtype=jump.dtype, device=device)], 1)
+    val = torch.cat([s, torch.full((bs, 1), float("inf"), dtype=s.dtype, device=device)], 1)
+    for _ in range(num_jump_rounds(n)):
+        val = torch.minimum(val, val.gather(1, jump))
+        jump = jump.gather(1, jump)
+    s = val[:, :n]
+    s[:, 0] = float("-inf")  # roots are not candidates
+    # Secondary key (depth asc, request asc, node asc); unreachable nodes last.
+    depth = torch.where(topology.reachable, topology.depth, torch.full_like(topology.depth, n))
+    flat_id = torch.arange(bs * n, device=device, dtype=torch.int64)
+    key2 = depth.reshape(-1) * (bs * n) + flat_id
+    by_key2 = torch.argsort(key2)
+    flat_s = s.reshape(-1)
+    perm = torch.sort(flat_s[by_key2], descending=True, stable=True).indices
+    order = by_key2[perm]
+    # Drop root ids (always last: score -inf, depth 0 ties resolved after all eligible ones).
+    is_root = (order % n) == 0
+    order = order[torch.argsort(is_root.to(torch.int8), stable=True)][: bs * (n - 1)]
+    return _finish_ranking(order, flat_s, bs, n, is_tree=True)
+
+
+def top_sums(
+    ranking: Ranking,
+    keep_counts: torch.Tensor,  # [num_tiers] int64, each in [0, num_candidates]
+) -> torch.Tensor:  # [num_tiers] float64
+    """Sum of the ``keep`` best (eligible) scores for each keep count.
+
+    Parameters
+    ----------
+    ranking : Ranking
+    keep_counts : torch.Tensor
+        ``[num_tiers]`` keep counts (draft slots, bonus excluded).
+
+    Returns
+    -------
+    torch.Tensor
+        ``[num_tiers]`` float64 ``S(keep)``.
+
+    Examples
+    --------
+    >>> top_sums(rank_chain(torch.tensor([[0.5, 0.25], [0.75, 0.125]])),
+    ...          torch.tensor([0, 1, 2, 4])).tolist()
+    [0.0, 0.75, 1.25, 1.625]
+    """
+    idx = keep_counts.to(device=ranking.prefix_sums.device, dtype=torch.int64)
+    idx = idx.clamp(0, ranking.num_candidates)
+    return ranking.prefix_sums[idx]
+
+
+def select(
+    ranking: Ranking,
+    budget: int,
+) -> torch.Tensor:  # [batch_size * row_width] bool
+    """Flat kept mask of the ``budget`` best candidates (ineligible ones excluded).
+
+    Parameters
+    ----------
+    ranking : Ranking
+    budget : int
+        Draft slots to keep across the batch (bonus/root excluded), ``>= 0``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch_size * row_width]`` bool over the flat score layout (roots False).
+
+    Examples
+    --------
+    >>> select(rank_chain(torch.tensor([[0.9, 0.5], [0.8, 0.1]])), 2).tolist()
+    [True, False, True, False]
+    """
+    budget = max(0, min(int(budget), ranking.num_candidates))
+    device = ranking.order.device
+    take = torch.arange(ranking.num_candidates, device=device) < budget
+    take &= torch.arange(ranking.num_candidates, device=device) < ranking.num_eligible
+    flat = torch.zeros(ranking.batch_size * ranking.row_width, dtype=torch.bool, device=device)
+    flat[ranking.order] = take
+    return flat
+
+
+def keep_lens_from_selection(
+    selected: torch.Tensor,  # [batch_size * num_draft_slots] bool
+    batch_size: int,
+) -> torch.Tensor:  # [batch_size] int64
+    """Kept drafts per chain (a prefix length, bonus excluded) from a flat chain selection.
+
+    Examples
+    --------
+    >>> keep_lens_from_selection(torch.tensor([True, False, True, True]), 2).tolist()
+    [1, 2]
+    """
+    return selected.view(batch_size, -1).sum(dim=1)
+
+
+def keep_mask_from_selection(
+    selected: torch.Tensor,  # [batch_size * num_nodes] bool
+    batch_size: int,
+) -> torch.Tensor:  # [batch_size, num_nodes] bool
+    """Kept-node mask of trees (root always kept) from a flat tree selection.
+
+    Examples
+    --------
+    >>> keep_mask_from_selection(torch.tensor([False, True, False, False]), 1).tolist()
+    [[True, True, False, False]]
+    """
+    mask = selected.view(batch_size, -1).clone()
+    mask[:, 0] = True
+    return mask

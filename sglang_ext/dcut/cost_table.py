@@ -1,0 +1,394 @@
+"""D-Cut cost table: profiled step cost per (batch size, tier), with its JSON file format.
+
+File schema (version 1; other tools read it, keep it stable)::
+
+    {
+      "version": 1,
+      "key": {"model": str, "draft": str, "device": str, "tp": int, "dtype": str,
+              "draft_tokens": int, "topk": int, "num_steps": int,
+              "attention_backend": str, "context_len": int,
+              "sglang_version": str, "sglang_ext_version": str},
+      "tiers": [0.25, 0.5, 0.75, 1.0],
+      "batch_sizes": [int, ...],                  # strictly increasing, >= 1
+      "step_ms": [[float per tier] per batch size],  # finite, > 0
+      "created": "2026-01-01T00:00:00+00:00"      # ISO 8601
+    }
+
+``step_ms[i][q]`` is the mean cost of one full speculative step (draft + verify of
+``ceil(bs * N * tiers[q])`` target tokens) at ``batch_sizes[i]``. Lookups use the smallest
+profiled batch size >= bs. Loading a corrupt file, or one whose key differs from the running
+server's, raises :class:`CostTableError` with a message naming the problem; the SGLang glue
+turns that into the fallback ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Optional, Sequence
+
+__all__ = [
+    "COST_TABLE_VERSION",
+    "CostTableError",
+    "CostTableKey",
+    "CostTable",
+]
+
+COST_TABLE_VERSION = 1
+
+
+class CostTableError(ValueError):
+    """A cost table file or object is malformed, or was profiled for another setup."""
+
+
+_KEY_TYPES: dict[str, type] = {
+    "model": str,
+    "draft": str,
+    "device": str,
+    "tp": int,
+    "dtype": str,
+    "draft_tokens": int,
+    "topk": int,
+    "num_steps": int,
+    "attention_backend": str,
+    "context_len": int,
+    "sglang_version": str,
+    "sglang_ext_version": str,
+}
+
+
+@dataclass(frozen=True)
+class CostTableKey:
+    """What a cost table was profiled for; a table is only valid for an equal key.
+
+    Attributes
+    ----------
+    model, draft : str
+        Target and draft model paths/names.
+    device : str
+        Accelerator name (e.g. ``"NVIDIA H200"``).
+    tp : int
+        Tensor-parallel size.
+    dtype : str
+        Model dtype.
+    draft_tokens : int
+        ``N`` (``--speculative-num-draft-tokens``).
+    topk : int
+        ``--speculative-eagle-topk``.
+    num_steps : int
+        ``--speculative-num-steps``.
+    attention_backend : str
+        Target attention backend.
+    context_len : int
+        Context length used while profiling.
+    sglang_version, sglang_ext_version : str
+        Package versions.
+    """
+
+    model: str
+    draft: str
+    device: str
+    tp: int
+    dtype: str
+    draft_tokens: int
+    topk: int
+    num_steps: int
+    attention_backend: str
+    context_len: int
+    sglang_version: str
+    sglang_ext_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict in schema order.
+
+        Examples
+        --------
+        >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "torch_sdpa", 2048,
+        ...                  "0.5.23", "0.1.0")
+        >>> k.to_dict()["draft_tokens"]
+        4
+        """
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "CostTableKey":
+        """Validate and build a key; raises :class:`CostTableError` naming the bad field.
+
+        Examples
+        --------
+        >>> CostTableKey.from_dict({"model": "m"})
+        Traceback (most recent call last):
+        ...
+        sglang_ext.dcut.cost_table.CostTableError: cost table key: missing field(s) ['attention_backend', 'context_len', 'device', 'draft', 'draft_tokens', 'dtype', 'num_steps', 'sglang_ext_version', 'sglang_version', 'topk', 'tp']
+        """
+        if not isinstance(data, dict):
+            raise CostTableError(f"cost table key: expected an object, got {type(data).__name__}")
+        missing = sorted(set(_KEY_TYPES) - set(data))
+        if missing:
+            raise CostTableError(f"cost table key: missing field(s) {missing}")
+        extra = sorted(set(data) - set(_KEY_TYPES))
+        if extra:
+            raise CostTableError(f"cost table key: unknown field(s) {extra}")
+        for name, typ in _KEY_TYPES.items():
+            v = data[name]
+            if typ is int and (isinstance(v, bool) or not isinstance(v, int)):
+                raise CostTableError(f"cost table key: field {name!r} must be an int, got {v!r}")
+            if typ is str and not isinstance(v, str):
+                raise CostTableError(f"cost table key: field {name!r} must be a string, got {v!r}")
+        return cls(**{name: data[name] for name in _KEY_TYPES})
+
+    def mismatches(self, other: "CostTableKey") -> list[str]:
+        """Names of the fields that differ from ``other``.
+
+        Examples
+        --------
+        >>> a = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 2048, "0.5.23", "0.1")
+        >>> a.mismatches(dataclasses.replace(a, tp=2))
+        ['tp']
+        """
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Profiled step cost per (batch size, tier).
+
+    Attributes
+    ----------
+    key : CostTableKey
+        Setup the table was profiled for.
+    tiers : tuple of float
+        Tier ratios, strictly increasing in ``(0, 1]``.
+    batch_sizes : tuple of int
+        Profiled batch sizes, strictly increasing, ``>= 1``.
+    step_ms : tuple of tuple of float
+        ``[len(batch_sizes)][len(tiers)]`` mean step cost in ms, finite and ``> 0``.
+    created : str
+        ISO 8601 creation time.
+    """
+
+    key: CostTableKey
+    tiers: tuple[float, ...]
+    batch_sizes: tuple[int, ...]
+    step_ms: tuple[tuple[float, ...], ...]
+    created: str
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    def _validate(self) -> None:
+        if not isinstance(self.key, CostTableKey):
+            raise CostTableError("cost table: key must be a CostTableKey")
+        tiers, bss, rows = self.tiers, self.batch_sizes, self.step_ms
+        if len(tiers) == 0 or not all(_is_number(t) and 0 < t <= 1 for t in tiers):
+            raise CostTableError(f"cost table: tiers must be numbers in (0, 1], got {list(tiers)}")
+        if any(b <= a for a, b in zip(tiers, tiers[1:])):
+            raise CostTableError(f"cost table: tiers must be strictly increasing, got {list(tiers)}")
+        if len(bss) == 0 or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in bss):
+            raise CostTableError(f"cost table: batch_sizes must be ints >= 1, got {list(bss)}")
+        if any(b <= a for a, b in zip(bss, bss[1:])):
+            raise CostTableError(f"cost table: batch_sizes must be strictly increasing, got {list(bss)}")
+        if len(rows) != len(bss):
+            raise CostTableError(
+                f"cost table: step_ms has {len(rows)} rows for {len(bss)} batch sizes"
+            )
+        for bs, row in zip(bss, rows):
+            if len(row) != len(tiers):
+                raise CostTableError(
+                    f"cost table: step_ms row for bs={bs} has {len(row)} values for {len(tiers)} tiers"
+                )
+            if not all(_is_number(c) and math.isfinite(c) and c > 0 for c in row):
+                raise CostTableError(
+                    f"cost table: step_ms row for bs={bs} must be finite positive numbers, got {list(row)}"
+                )
+        if not isinstance(self.created, str):
+            raise CostTableError("cost table: created must be an ISO 8601 string")
+        try:
+            datetime.fromisoformat(self.created)
+        except ValueError as exc:
+            raise CostTableError(f"cost table: created is not ISO 8601: {self.created!r}") from exc
+
+    @classmethod
+    def build(
+        cls,
+        key: CostTableKey,
+        batch_sizes: Sequence[int],
+        step_ms: Sequence[Sequence[float]],
+        tiers: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
+        created: Optional[str] = None,
+    ) -> "CostTable":
+        """Build a validated table (``created`` defaults to now, UTC).
+
+        Examples
+        --------
+        >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 2048, "0.5.23", "0.1")
+        >>> t = CostTable.build(k, [4, 8], [[1, 2, 3, 4], [2, 3, 4, 5]])
+        >>> t.lookup(5)
+        (8, (2.0, 3.0, 4.0, 5.0))
+        """
+        if created is None:
+            created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        return cls(
+            key=key,
+            tiers=tuple(float(t) for t in tiers),
+            batch_sizes=tuple(int(b) for b in batch_sizes),
+            step_ms=tuple(tuple(float(c) for c in row) for row in step_ms),
+            created=created,
+        )
+
+    def lookup(self, batch_size: int) -> Optional[tuple[int, tuple[float, ...]]]:
+        """Costs at the smallest profiled batch size ``>= batch_size``.
+
+        Parameters
+        ----------
+        batch_size : int
+            Current decode batch size.
+
+        Returns
+        -------
+        (profiled_bs, costs) or None
+            ``None`` when no profiled batch size is large enough (the caller falls back).
+
+        Examples
+        --------
+        >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 2048, "0.5.23", "0.1")
+        >>> t = CostTable.build(k, [4, 8], [[1, 2, 3, 4], [2, 3, 4, 5]])
+        >>> t.lookup(4)[0], t.lookup(9)
+        (4, None)
+        """
+        for bs, row in zip(self.batch_sizes, self.step_ms):
+            if bs >= batch_size:
+                return bs, row
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of the file schema.
+
+        Examples
+        --------
+        >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 2048, "0.5.23", "0.1")
+        >>> sorted(CostTable.build(k, [4], [[1, 2, 3, 4]]).to_dict())
+        ['batch_sizes', 'created', 'key', 'step_ms', 'tiers', 'version']
+        """
+        return {
+            "version": COST_TABLE_VERSION,
+            "key": self.key.to_dict(),
+            "tiers": list(self.tiers),
+            "batch_sizes": list(self.batch_sizes),
+            "step_ms": [list(row) for row in self.step_ms],
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, expected_key: Optional[CostTableKey] = None) -> "CostTable":
+        """Validate a decoded JSON object; optionally require an equal key.
+
+        Raises
+        ------
+        CostTableError
+            On any schema violation, or when ``expected_key`` differs (the message lists the
+            differing fields).
+
+        Examples
+        --------
+        >>> CostTable.from_dict({"version": 2})
+        Traceback (most recent call last):
+        ...
+        sglang_ext.dcut.cost_table.CostTableError: cost table: unsupported version 2 (expected 1)
+        """
+        if not isinstance(data, dict):
+            raise CostTableError(f"cost table: expected a JSON object, got {type(data).__name__}")
+        version = data.get("version")
+        if version != COST_TABLE_VERSION or isinstance(version, bool):
+            raise CostTableError(
+                f"cost table: unsupported version {version!r} (expected {COST_TABLE_VERSION})"
+            )
+        required = {"version", "key", "tiers", "batch_sizes", "step_ms", "created"}
+        missing = sorted(required - set(data))
+        if missing:
+            raise CostTableError(f"cost table: missing field(s) {missing}")
+        key = CostTableKey.from_dict(data["key"])
+        for name in ("tiers", "batch_sizes", "step_ms"):
+            if not isinstance(data[name], list):
+                raise CostTableError(f"cost table: {name} must be a list")
+        if not all(isinstance(r, list) for r in data["step_ms"]):
+            raise CostTableError("cost table: step_ms must be a list of lists")
+        if not all(_is_number(t) for t in data["tiers"]):
+            raise CostTableError(f"cost table: tiers must be numbers, got {data['tiers']}")
+        table = cls(
+            key=key,
+            tiers=tuple(float(t) for t in data["tiers"]),
+            batch_sizes=tuple(data["batch_sizes"]),
+            step_ms=tuple(tuple(r) for r in data["step_ms"]),
+            created=data["created"],
+        )
+        if expected_key is not None:
+            diff = key.mismatches(expected_key)
+            if diff:
+                detail = ", ".join(
+                    f"{f}: file {getattr(key, f)!r} != expected {getattr(expected_key, f)!r}"
+                    for f in diff
+                )
+                raise CostTableError(f"cost table was profiled for another setup ({detail})")
+        return table
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the table as JSON (atomically: a temporary file, then a rename).
+
+        Examples
+        --------
+        >>> import tempfile, pathlib
+        >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 2048, "0.5.23", "0.1")
+        >>> t = CostTable.build(k, [4], [[1, 2, 3, 4]], created="2026-01-01T00:00:00+00:00")
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "cost.json"
+        >>> t.save(p); CostTable.load(p) == t
+        True
+        """
+        path = os.fspath(path)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, expected_key: Optional[CostTableKey] = None
+    ) -> "CostTable":
+        """Read and validate a JSON cost table.
+
+        Raises
+        ------
+        CostTableError
+            If the file cannot be read, is not valid JSON, violates the schema, or (with
+            ``expected_key``) was profiled for another setup. The message starts with the path.
+
+        Examples
+        --------
+        >>> CostTable.load("missing-dir/cost.json")
+        Traceback (most recent call last):
+        ...
+        sglang_ext.dcut.cost_table.CostTableError: missing-dir/cost.json: cannot read cost table: No such file or directory
+        """
+        path = os.fspath(path)
+        try:
+            with open(path, "r", encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise CostTableError(f"{path}: cannot read cost table: {exc.strerror or exc}") from exc
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CostTableError(f"{path}: cost table is not valid JSON: {exc}") from exc
+        try:
+            return cls.from_dict(data, expected_key=expected_key)
+        except CostTableError as exc:
+            raise CostTableError(f"{path}: {exc}") from exc
