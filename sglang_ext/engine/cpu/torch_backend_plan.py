@@ -1,0 +1,521 @@
+"""Attention plans of the torch SDPA backend (pure torch: no SGLang import).
+
+A *plan* is everything one forward of one attention backend needs besides the per-layer
+tensors: which query rows form which group, which KV-cache slots each group reads, and which
+key columns each query row may attend to. The SGLang glue in
+:mod:`sglang_ext.engine.cpu.torch_backend` builds one plan per forward (in
+``init_forward_metadata``) and runs it once per layer with :func:`run_plan`.
+
+Glossary
+--------
+num_groups
+    Attention groups: one per request (EXTEND, TARGET_VERIFY, DECODE) or one per draft row
+    ``(request, branch)`` (multi-step draft decode).
+q_lens, prefix_lens
+    Host lists, one entry per group: query rows of the group, and cached tokens it reads from
+    the KV pool before its own rows.
+qo_indptr
+    Exclusive offsets of the groups' query rows in ``q``: ``[0, q_0, q_0 + q_1, ...]``.
+prefix_indptr
+    Exclusive offsets of the groups' slots in ``prefix_slots``.
+include_current
+    When True, the group's own rows ``k[qo_indptr[i]:qo_indptr[i + 1]]`` are keys too, placed
+    after its prefix (key column ``prefix_lens[i] + j`` is current row ``j``). Current rows are
+    read from the ``k``/``v`` tensors of the forward, never from the cache, so the write slots
+    of the current rows do not matter.
+
+Key columns of group ``i``: ``c < p_i`` is the cached token ``prefix_slots[prefix_indptr[i] + c]``,
+``p_i <= c < p_i + q_i`` is current row ``c - p_i``. Masks are boolean, True means attend.
+
+Padding: ``run_plan`` packs the groups into one padded batch ``[num_groups, max_q, max_kv]`` for
+a single SDPA call. Padded key columns are never attended; padded query rows attend key column 0
+only (so no row is empty; their outputs are discarded). Query rows of ``q`` at or past
+``qo_indptr[-1]`` (pad lanes of a ragged verify bucket) get zero output.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+NO_MASK = None  # sentinel: every valid key column is visible to every valid row of the plan
+
+
+class MaskKind(enum.Enum):
+    """How the rows of a group see its key columns.
+
+    CAUSAL: row ``r`` sees columns ``c <= p + r`` (bottom-right aligned causal; extend).
+    VISIBLE: every column (decode rows; a single query row sees its whole kv list).
+    TREE: every prefix column, and in the current block the cells given by a per-group
+    ``[q, q]`` tree block (True where draft ``c`` is row ``r`` or one of its ancestors).
+    """
+
+    CAUSAL = "causal"
+    VISIBLE = "visible"
+    TREE = "tree"
+
+
+class TreeMaskLayout(enum.Enum):
+    """Flat layouts of a verify ``custom_mask`` that :func:`split_tree_mask` accepts.
+
+    FULL: group ``i`` owns ``q_i * (p_i + q_i)`` cells at
+    ``mask_indptr[i] = sum_{j<i} q_j * (p_j + q_j)``, row-major ``[q_i, p_i + q_i]``.
+    QLEN_ONLY: group ``i`` owns ``q_i * q_i`` cells at ``sum_{j<i} q_j * q_j``, row-major ``[q_i, q_i]``.
+    """
+
+    FULL = "full"
+    QLEN_ONLY = "qlen_only"
+
+
+def exclusive_indptr(lens: Sequence[int]) -> list[int]:
+    """Exclusive prefix sums with a leading 0.
+
+    Examples
+    --------
+    >>> exclusive_indptr([3, 4])
+    [0, 3, 7]
+    """
+    out = [0]
+    for x in lens:
+        out.append(out[-1] + int(x))
+    return out
+
+
+def gather_row_slots(
+    req_to_token: torch.Tensor,  # [max_reqs, max_context_len] int32 slot ids
+    rows: torch.Tensor,  # [num_groups] int64 request-pool row of each group
+    starts: Sequence[int],  # host, first column of each group's range
+    lens: Sequence[int],  # host, length of each group's range
+) -> torch.Tensor:  # [sum(lens)] int64 slot ids, group-major
+    """Concatenate ``req_to_token[rows[i], starts[i]:starts[i] + lens[i]]`` over groups.
+
+    Examples
+    --------
+    >>> r2t = torch.arange(20, dtype=torch.int32).view(2, 10)
+    >>> gather_row_slots(r2t, torch.tensor([1, 0]), [0, 5], [2, 3]).tolist()
+    [10, 11, 5, 6, 7]
+    """
+    total = int(sum(int(x) for x in lens))
+    device = req_to_token.device
+    if total == 0:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    lens_t = torch.tensor([int(x) for x in lens], dtype=torch.int64, device=device)
+    starts_t = torch.tensor([int(x) for x in starts], dtype=torch.int64, device=device)
+    group = torch.repeat_interleave(torch.arange(len(lens), device=device), lens_t)
+    indptr = torch.cumsum(lens_t, 0) - lens_t
+    within = torch.arange(total, device=device) - indptr[group]
+    cols = starts_t[group] + within
+    return req_to_token[rows.to(device=device, dtype=torch.int64)[group], cols].to(torch.int64)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Geometry of one attention forward; built once, run once per layer.
+
+    Construct with :func:`make_plan`; all index tensors are derived there.
+
+    Attributes
+    ----------
+    q_lens, prefix_lens : tuple[int, ...]
+        Per group (host).
+    qo_indptr : tuple[int, ...]
+        Exclusive offsets of the groups' query rows, length ``num_groups + 1``.
+    include_current : bool
+        The groups' own rows are keys after their prefix.
+    prefix_slots : torch.Tensor
+        ``[sum(prefix_lens)]`` int64 KV-pool slots, group-major.
+    max_q, max_kv : int
+        Padded query rows and key columns per group.
+    q_dst : torch.Tensor
+        ``[num_rows]`` int64: flat row of each query row in the padded ``[num_groups * max_q]``.
+    prefix_dst : torch.Tensor
+        ``[sum(prefix_lens)]`` int64: flat key row in the padded ``[num_groups * max_kv]``.
+    cur_dst : torch.Tensor
+        ``[num_rows]`` int64: flat key row of each current row (unused without include_current).
+    attend : torch.Tensor or None
+        ``[num_groups, max_q, max_kv]`` bool, True = attend; ``NO_MASK`` (None) when every cell
+        is visible (no padding, VISIBLE kind).
+    """
+
+    q_lens: tuple
+    prefix_lens: tuple
+    qo_indptr: tuple
+    include_current: bool
+    prefix_slots: torch.Tensor
+    max_q: int
+    max_kv: int
+    q_dst: torch.Tensor
+    prefix_dst: torch.Tensor
+    cur_dst: torch.Tensor
+    attend: Optional[torch.Tensor]
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def num_rows(self) -> int:
+        return self.qo_indptr[-1]
+
+    @property
+    def kv_lens(self) -> tuple:
+        extra = self.q_lens if self.include_current else (0,) * self.num_groups
+        return tuple(p + q for p, q in zip(self.prefix_lens, extra))
+
+
+def empty_plan(device: torch.device | str = "cpu") -> AttentionPlan:
+    """A plan with no groups (IDLE or empty batches): :func:`run_plan` returns zeros."""
+    return make_plan([], [], torch.empty(0, dtype=torch.int64, device=device), MaskKind.VISIBLE)
+
+
+def make_plan(
+    q_lens: Sequence[int],
+    prefix_lens: Sequence[int],
+    prefix_slots: torch.Tensor,  # [sum(prefix_lens)] int64 KV-pool slots, group-major
+    kind: MaskKind,
+    *,
+    include_current: bool = True,
+    tree_blocks: Optional[Sequence[torch.Tensor]] = None,  # per group [q_i, q_i] bool
+) -> AttentionPlan:
+    """Build an :class:`AttentionPlan` (padded index maps and the boolean attend mask).
+
+    Examples
+    --------
+    Two requests extending 2 and 1 tokens after cached prefixes of 1 and 2 tokens:
+
+    >>> plan = make_plan([2, 1], [1, 2], torch.tensor([7, 3, 4]), MaskKind.CAUSAL)
+    >>> plan.qo_indptr, plan.kv_lens, (plan.max_q, plan.max_kv)
+    ((0, 2, 3), (3, 3), (2, 3))
+    >>> plan.attend[0].int().tolist()  # rows see prefix + themselves and earlier rows
+    [[1, 1, 0], [1, 1, 1]]
+    >>> plan.attend[1].int().tolist()  # second row is padding: column 0 only
+    [[1, 1, 1], [1, 0, 0]]
+    """
+    q_lens = tuple(int(x) for x in q_lens)
+    prefix_lens = tuple(int(x) for x in prefix_lens)
+    if len(q_lens) != len(prefix_lens):
+        raise ValueError(f"q_lens ({len(q_lens)}) and prefix_lens ({len(prefix_lens)}) differ in length")
+    if any(q < 0 for q in q_lens) or any(p < 0 for p in prefix_lens):
+        raise ValueError(f"negative lengths: q_lens={q_lens}, prefix_lens={prefix_lens}")
+    device = prefix_slots.device
+    prefix_slots = prefix_slots.to(torch.int64)
+    if prefix_slots.numel() != sum(prefix_lens):
+        raise ValueError(f"prefix_slots has {prefix_slots.numel()} slots, prefix_lens sum to {sum(prefix_lens)}")
+    n = len(q_lens)
+    qo_indptr = tuple(exclusive_indptr(q_lens))
+    cur = q_lens if include_current else (0,) * n
+    kv_lens = [p + c for p, c in zip(prefix_lens, cur)]
+    max_q = max(q_lens, default=0)
+    max_kv = max(kv_lens, default=0)
+    if n and min(kv_lens) == 0 and max_q > 0:
+        raise ValueError("a group with query rows has no key columns")
+
+    def flat_rows(lens: Sequence[int], base: Sequence[int], stride: int) -> torch.Tensor:
+        # row j of group i -> i * stride + base[i] + j
+        if sum(lens) == 0:
+            return torch.empty(0, dtype=torch.int64, device=device)
+        lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
+        group = torch.repeat_interleave(torch.arange(n, device=device), lens_t)
+        indptr = torch.cumsum(lens_t, 0) - lens_t
+        within = torch.arange(int(lens_t.sum()), device=device) - indptr[group]
+        base_t = torch.tensor(base, dtype=torch.int64, device=device)
+        return group * stride + base_t[group] + within
+
+    q_dst = flat_rows(q_lens, [0] * n, max_q)
+    prefix_dst = flat_rows(prefix_lens, [0] * n, max_kv)
+    cur_dst = flat_rows(q_lens, prefix_lens, max_kv) if include_current else q_dst.new_empty(0)
+
+    attend = None
+    if n and max_q:
+        r = torch.arange(max_q, device=device).view(1, max_q, 1)
+        c = torch.arange(max_kv, device=device).view(1, 1, max_kv)
+        p_t = torch.tensor(prefix_lens, dtype=torch.int64, device=device).view(n, 1, 1)
+        q_t = torch.tensor(q_lens, dtype=torch.int64, device=device).view(n, 1, 1)
+        kv_t = torch.tensor(kv_lens, dtype=torch.int64, device=device).view(n, 1, 1)
+        attend = c < kv_t
+        if kind is MaskKind.CAUSAL:
+            if not include_current:
+                raise ValueError("CAUSAL plans need include_current=True")
+            attend = attend & (c <= p_t + r)
+        elif kind is MaskKind.TREE:
+            if not include_current:
+                raise ValueError("TREE plans need include_current=True")
+            if tree_blocks is None or len(tree_blocks) != n:
+                raise ValueError("TREE plans need one [q_i, q_i] tree block per group")
+            attend = attend & (c < p_t)
+            attend = attend.expand(n, max_q, max_kv).clone()
+            for i, (block, q, p) in enumerate(zip(tree_blocks, q_lens, prefix_lens)):
+                if tuple(block.shape) != (q, q):
+                    raise ValueError(f"tree block {i} has shape {tuple(block.shape)}, expected {(q, q)}")
+                attend[i, :q, p : p + q] = block.to(device=device) != 0
+        elif kind is not MaskKind.VISIBLE:
+            raise ValueError(f"unknown mask kind {kind}")
+        pad_row = r >= q_t  # [n, max_q, 1]
+        attend = torch.where(pad_row, c == 0, attend.expand(n, max_q, max_kv))
+        if bool(attend.all()):
+            attend = NO_MASK
+    return AttentionPlan(
+        q_lens=q_lens,
+        prefix_lens=prefix_lens,
+        qo_indptr=qo_indptr,
+        include_current=include_current,
+        prefix_slots=prefix_slots,
+        max_q=max_q,
+        max_kv=max_kv,
+        q_dst=q_dst,
+        prefix_dst=prefix_dst,
+        cur_dst=cur_dst,
+        attend=attend,
+    )
+
+
+def detect_tree_mask_layout(
+    mask_numel: int, prefix_lens: Sequence[int], q_lens: Sequence[int]
+) -> TreeMaskLayout:
+    """Tell the FULL and QLEN_ONLY verify-mask layouts apart by size.
+
+    FULL needs ``sum q(p + q)`` cells (a longer, preallocated buffer is accepted; its tail is
+    ignored); QLEN_ONLY is exactly ``sum q^2`` cells. With every ``p = 0`` both layouts coincide.
+
+    Examples
+    --------
+    >>> detect_tree_mask_layout(3 * 6 + 4 * 6, [3, 2], [3, 4]).value
+    'full'
+    >>> detect_tree_mask_layout(9 + 16, [3, 2], [3, 4]).value
+    'qlen_only'
+    """
+    full = sum(q * (p + q) for p, q in zip(prefix_lens, q_lens))
+    qlen = sum(q * q for q in q_lens)
+    if mask_numel == qlen and qlen != full:
+        return TreeMaskLayout.QLEN_ONLY
+    if mask_numel >= full:
+        return TreeMaskLayout.FULL
+    raise ValueError(
+        f"custom_mask has {mask_numel} cells; FULL layout needs {full} "
+        f"(sum q*(p+q)) and QLEN_ONLY exactly {qlen} (sum q*q) for q_lens={list(q_lens)}, "
+        f"prefix_lens={list(prefix_lens)}"
+    )
+
+
+def split_tree_mask(
+    custom_mask: torch.Tensor,  # [num_cells] bool or uint8, FULL or QLEN_ONLY layout
+    prefix_lens: Sequence[int],
+    q_lens: Sequence[int],
+) -> list[torch.Tensor]:  # per group [q_i, q_i] bool
+    """Cut a flat verify mask into per-request ``[q_i, q_i]`` tree blocks.
+
+    In the FULL layout the prefix columns of each row are not returned (the backend treats
+    them as visible, as SGLang's Triton kernel does with ``skip_prefix_custom_mask``).
+
+    Examples
+    --------
+    One request with 1 cached token and a 2-node chain, FULL layout (rows of ``p + q = 3``):
+
+    >>> m = torch.tensor([1, 1, 0, 1, 1, 1], dtype=torch.bool)
+    >>> split_tree_mask(m, [1], [2])[0].int().tolist()
+    [[1, 0], [1, 1]]
+    """
+    flat = custom_mask.reshape(-1)
+    layout = detect_tree_mask_layout(flat.numel(), prefix_lens, q_lens)
+    blocks = []
+    off = 0
+    for p, q in zip(prefix_lens, q_lens):
+        p, q = int(p), int(q)
+        if layout is TreeMaskLayout.FULL:
+            block = flat[off : off + q * (p + q)].view(q, p + q)[:, p:]
+            off += q * (p + q)
+        else:
+            block = flat[off : off + q * q].view(q, q)
+            off += q * q
+        blocks.append(block != 0)
+    return blocks
+
+
+def run_plan(
+    plan: AttentionPlan,
+    q: torch.Tensor,  # [num_tokens, num_q_heads, qk_head_dim]
+    k: Optional[torch.Tensor],  # [num_tokens, num_kv_heads, qk_head_dim] (None if not include_current)
+    v: Optional[torch.Tensor],  # [num_tokens, num_kv_heads, v_head_dim]
+    k_cache: torch.Tensor,  # [num_slots, num_kv_heads, qk_head_dim]
+    v_cache: torch.Tensor,  # [num_slots, num_kv_heads, v_head_dim]
+    *,
+    scaling: float,
+    logit_cap: float = 0.0,
+) -> torch.Tensor:  # [num_tokens, num_q_heads, v_head_dim]
+    """Run one layer's attention for a plan with one padded SDPA call.
+
+    Rows ``>= plan.num_rows`` of ``q`` get zeros. GQA is handled by SDPA (``enable_gqa``).
+    A positive ``logit_cap`` applies ``cap * tanh(score / cap)`` before the softmax (manual path).
+
+    Examples
+    --------
+    One group, one query row, two cached keys; equal keys give the mean of the values:
+
+    >>> plan = make_plan([1], [2], torch.tensor([0, 1]), MaskKind.VISIBLE, include_current=False)
+    >>> kc = torch.ones(2, 1, 4); vc = torch.tensor([[[0.0] * 4], [[2.0] * 4]])
+    >>> run_plan(plan, torch.ones(1, 1, 4), None, None, kc, vc, scaling=0.5)[0, 0].tolist()
+    [1.0, 1.0, 1.0, 1.0]
+    """
+    num_tokens, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    dv = v_cache.shape[2]
+    out = q.new_zeros(num_tokens, hq, dv)
+    n, rows = plan.num_groups, plan.num_rows
+    if n == 0 or rows == 0:
+        return out
+    if rows > num_tokens:
+        raise ValueError(f"plan has {rows} query rows, q has {num_tokens}")
+    dtype = q.dtype
+    qp = q.new_zeros(n * plan.max_q, hq, d)
+    qp.index_copy_(0, plan.q_dst, q[:rows])
+    kp = q.new_zeros(n * plan.max_kv, hkv, d)
+    vp = q.new_zeros(n * plan.max_kv, hkv, dv)
+    if plan.prefix_slots.numel():
+        kp.index_copy_(0, plan.prefix_dst, k_cache.index_select(0, plan.prefix_slots).to(dtype))
+        vp.index_copy_(0, plan.prefix_dst, v_cache.index_select(0, plan.prefix_slots).to(dtype))
+    if plan.include_current:
+        kp.index_copy_(0, plan.cur_dst, k[:rows].to(dtype))
+        vp.index_copy_(0, plan.cur_dst, v[:rows].to(dtype))
+    qb = qp.view(n, plan.max_q, hq, d).transpose(1, 2)  # [n, hq, max_q, d]
+    kb = kp.view(n, plan.max_kv, hkv, d).transpose(1, 2)  # [n, hkv, max_kv, d]
+    vb = vp.view(n, plan.max_kv, hkv, dv).transpose(1, 2)  # [n, hkv, max_kv, dv]
+    mask = None if plan.attend is None else plan.attend.unsqueeze(1)  # [n, 1, max_q, max_kv]
+    if logit_cap and logit_cap > 0:
+        group = hq // hkv
+        kb = kb.repeat_interleave(group, dim=1)
+        vb = vb.repeat_interleave(group, dim=1)
+        scores = torch.matmul(qb, kb.transpose(-1, -2)).float() * scaling
+        scores = logit_cap * torch.tanh(scores / logit_cap)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, -math.inf)
+        ob = torch.matmul(torch.softmax(scores, dim=-1).to(dtype), vb)
+    else:
+        ob = F.scaled_dot_product_attention(
+            qb, kb, vb, attn_mask=mask, scale=scaling, enable_gqa=hq != hkv
+        )  # [n, hq, max_q, dv]
+    flat = ob.transpose(1, 2).reshape(n * plan.max_q, hq, dv)
+    out[:rows] = flat.index_select(0, plan.q_dst)
+    return out
+
+
+# ----------------------------------------------------------------------------- per-mode builders
+def plan_extend(
+    req_to_token: torch.Tensor,  # [max_reqs, max_context_len] int32 slot ids
+    req_pool_indices: torch.Tensor,  # [batch_size]
+    prefix_lens: Sequence[int],  # host, cached tokens per request
+    extend_lens: Sequence[int],  # host, new tokens per request (rows of q, packed)
+    *,
+    causal: bool = True,
+) -> AttentionPlan:
+    """EXTEND / DRAFT_EXTEND_V2: request ``i`` attends its cached prefix
+    ``req_to_token[rp[i], 0:p_i]`` and its own rows, bottom-right causal.
+
+    Examples
+    --------
+    >>> r2t = torch.arange(20, dtype=torch.int32).view(2, 10)
+    >>> plan = plan_extend(r2t, torch.tensor([1, 0]), [2, 0], [1, 2])
+    >>> plan.prefix_slots.tolist(), plan.qo_indptr
+    ([10, 11], (0, 1, 3))
+    """
+    rows = req_pool_indices.to(torch.int64)
+    slots = gather_row_slots(req_to_token, rows, [0] * len(prefix_lens), prefix_lens)
+    kind = MaskKind.CAUSAL if causal else MaskKind.VISIBLE
+    return make_plan(extend_lens, prefix_lens, slots, kind)
+
+
+def plan_target_verify(
+    req_to_token: torch.Tensor,  # [max_reqs, max_context_len] int32 slot ids
+    req_pool_indices: torch.Tensor,  # [batch_size]
+    seq_lens: Sequence[int],  # host, committed lengths (drafts excluded)
+    q_lens: Sequence[int],  # host, verify rows per request (uniform N or ragged)
+    custom_mask: Optional[torch.Tensor],  # [num_cells] FULL or QLEN_ONLY layout; None = chains
+) -> AttentionPlan:
+    """TARGET_VERIFY: request ``i`` attends its committed prefix ``req_to_token[rp[i], 0:s_i]``
+    and, among its ``q_i`` draft rows, the ancestors-or-self given by ``custom_mask``.
+    Without a mask every request is treated as a chain (causal).
+
+    Examples
+    --------
+    One request, 1 cached token, root with two children (FULL layout, rows of width 4):
+
+    >>> r2t = torch.arange(10, dtype=torch.int32).view(1, 10)
+    >>> m = torch.tensor([1, 1, 0, 0,  1, 1, 1, 0,  1, 1, 0, 1], dtype=torch.bool)
+    >>> plan = plan_target_verify(r2t, torch.tensor([0]), [1], [3], m)
+    >>> plan.attend[0].int().tolist()
+    [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 0, 1]]
+    """
+    rows = req_pool_indices.to(torch.int64)
+    slots = gather_row_slots(req_to_token, rows, [0] * len(seq_lens), seq_lens)
+    if custom_mask is None:
+        return make_plan(q_lens, seq_lens, slots, MaskKind.CAUSAL)
+    blocks = split_tree_mask(custom_mask, seq_lens, q_lens)
+    return make_plan(q_lens, seq_lens, slots, MaskKind.TREE, tree_blocks=blocks)
+
+
+def plan_decode(
+    req_to_token: torch.Tensor,  # [max_reqs, max_context_len] int32 slot ids
+    req_pool_indices: torch.Tensor,  # [batch_size]
+    seq_lens: Sequence[int],  # host, lengths including the token being decoded
+) -> AttentionPlan:
+    """DECODE: row ``i`` attends ``req_to_token[rp[i], 0:seq_lens[i] - 1]`` and itself.
+
+    Examples
+    --------
+    >>> r2t = torch.arange(20, dtype=torch.int32).view(2, 10)
+    >>> plan_decode(r2t, torch.tensor([1, 0]), [3, 1]).prefix_slots.tolist()
+    [10, 11]
+    """
+    prefix = [int(s) - 1 for s in seq_lens]
+    rows = req_pool_indices.to(torch.int64)
+    slots = gather_row_slots(req_to_token, rows, [0] * len(prefix), prefix)
+    return make_plan([1] * len(prefix), prefix, slots, MaskKind.VISIBLE)
+
+
+def plan_draft_decode(
+    req_to_token: torch.Tensor,  # [max_reqs, max_context_len] int32 slot ids
+    req_pool_indices: torch.Tensor,  # [batch_size]
+    seq_lens: Sequence[int],  # host, committed lengths s_b (not advanced per step)
+    topk: int,
+    num_steps: int,
+    step: int,
+) -> AttentionPlan:
+    """Multi-step EAGLE draft decode, step ``step`` (0-based, ``step <= num_steps - 2``).
+
+    Query row ``r = b * topk + t`` attends the committed prefix ``req_to_token[rp[b], 0:s_b]``,
+    the slots of its branch's earlier steps ``req_to_token[rp[b], s_b + t * num_steps + j]``,
+    ``j < step``, and itself (written at ``s_b + t * num_steps + step``). This is SGLang's
+    upstream draft KV layout (page size 1), so outputs match the Triton/FlashInfer drafts.
+
+    Examples
+    --------
+    One request with s = 2, topk = 2, 3 steps; at step 1 branch 1 reads slots 0, 1 and 5
+    (its step-0 slot ``2 + 1 * 3 + 0``) before its own row:
+
+    >>> r2t = torch.arange(12, dtype=torch.int32).view(1, 12)
+    >>> plan = plan_draft_decode(r2t, torch.tensor([0]), [2], topk=2, num_steps=3, step=1)
+    >>> plan.prefix_lens, plan.prefix_slots.tolist()
+    ((3, 3), [0, 1, 2, 0, 1, 5])
+    """
+    if not 0 <= step <= num_steps - 2:
+        raise ValueError(f"draft step {step} out of range for num_steps={num_steps}")
+    device = req_to_token.device
+    bs = len(seq_lens)
+    s = torch.tensor([int(x) for x in seq_lens], dtype=torch.int64, device=device)
+    rows = req_pool_indices.to(device=device, dtype=torch.int64)
+    g_req = torch.arange(bs, device=device).repeat_interleave(topk)  # [bs * topk]
+    g_branch = torch.arange(topk, device=device).repeat(bs)  # [bs * topk]
+    prefix_lens = (s[g_req] + step).tolist()
+    lens_t = s[g_req] + step
+    total = int(lens_t.sum())
+    group = torch.repeat_interleave(torch.arange(bs * topk, device=device), lens_t)
+    within = torch.arange(total, device=device) - (torch.cumsum(lens_t, 0) - lens_t)[group]
+    s_g = s[g_req][group]
+    # columns < s_b: committed prefix; then this branch's earlier draft slots
+    cols = torch.where(within < s_g, within, s_g + g_branch[group] * num_steps + (within - s_g))
+    slots = req_to_token[rows[g_req][group], cols].to(torch.int64)
+    return make_plan([1] * (bs * topk), prefix_lens, slots, MaskKind.VISIBLE)
