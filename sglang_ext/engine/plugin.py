@@ -104,8 +104,9 @@ def add_extension_cli_args(parser: argparse.ArgumentParser) -> None:
             else:
                 # Values are parsed and validated by the config dataclasses so that argparse, YAML
                 # presets and Engine kwargs share one code path and one message format.
-                group.add_argument(spec.flag, dest=spec.dest, default=None, metavar=spec.metavar,
-                                   choices=spec.choices, help=help_text)
+                # (choices are checked there too, so a bad value gives one line, not argparse's usage dump)
+                metavar = spec.metavar or ("{" + ",".join(spec.choices) + "}" if spec.choices else None)
+                group.add_argument(spec.flag, dest=spec.dest, default=None, metavar=metavar, help=help_text)
 
 
 def _speculative_algorithm_of(obj: Any) -> Optional[str]:

@@ -1,0 +1,60 @@
+"""Helpers shared by the engine integration tests: CPU engine settings and the HF reference."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Sequence
+
+import torch
+
+#: Engine settings that make SGLang 0.5.23 run (and agree with HF) on the CPU testbed.
+CPU_ENGINE_KWARGS = dict(
+    device="cpu",
+    sampling_backend="pytorch",
+    disable_cuda_graph=True,
+    dtype="float32",
+    mem_fraction_static=0.5,
+    max_total_tokens=4096,
+    chunked_prefill_size=-1,
+    skip_server_warmup=True,
+    random_seed=0,
+    log_level="warning",
+)
+
+
+def make_engine(model_path: str, **overrides):
+    """An ``sglang.Engine`` on the CPU testbed (extension kwargs such as ``dcut=`` are accepted)."""
+    import sglang
+
+    kwargs = dict(CPU_ENGINE_KWARGS)
+    kwargs.update(overrides)
+    return sglang.Engine(model_path=model_path, **kwargs)
+
+
+def hf_greedy(model_path: str, prompts_ids: Sequence[Sequence[int]], max_new_tokens: int) -> List[List[int]]:
+    """Greedy continuation ids from HF transformers ``generate`` (fp32, one prompt at a time)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    model.eval()
+    outs = []
+    with torch.no_grad():
+        for ids in prompts_ids:
+            x = torch.tensor([list(ids)], dtype=torch.long)
+            y = model.generate(x, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+                               pad_token_id=0, attention_mask=torch.ones_like(x))
+            outs.append(y[0, x.shape[1]:].tolist())
+    return outs
+
+
+def engine_greedy(engine, prompts_ids: Sequence[Sequence[int]], max_new_tokens: int) -> List[List[int]]:
+    outs = engine.generate(input_ids=[list(p) for p in prompts_ids],
+                           sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens,
+                                            "ignore_eos": True})
+    return [o["output_ids"] for o in outs]
+
+
+def accept_length(engine) -> float:
+    info = engine.get_server_info()
+    states = info.get("internal_states") or [{}]
+    return float(states[0].get("avg_spec_accept_length", 0.0) or 0.0)
