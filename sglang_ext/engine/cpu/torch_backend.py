@@ -190,6 +190,8 @@ class TorchSDPABackend(AttentionBackend):
             seq_lens = _host_list(forward_batch.seq_lens_cpu, forward_batch.seq_lens, bs)
             q_lens = _target_verify_q_lens(spec_info, bs)
             return plan_target_verify(r2t, rp, seq_lens, q_lens, spec_info.custom_mask)
+        if not (mode.is_extend() or mode.is_draft_extend_v2()) or mode.is_dllm_extend() or mode.is_split_prefill():
+            raise NotImplementedError(f"{BACKEND_NAME}: forward mode {mode.name} is not supported")
         # EXTEND, MIXED (run as extend), DRAFT_EXTEND_V2
         prefix = _host_list(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_prefix_lens, bs)
         extend = _host_list(forward_batch.extend_seq_lens_cpu, forward_batch.extend_seq_lens, bs)
