@@ -8,7 +8,7 @@ from its definition: the keys a row may see (prefix, plus ancestors-or-self from
 array for trees, earlier rows for causal extends, the branch's own earlier rows for draft
 steps), never from the backend's masks or index maps.
 
-Budget: < 20 s (one SGLang import, ~40 tiny cases).
+Budget: < 30 s on the shared 2-core machine (one SGLang import, 30 tiny cases).
 """
 
 from __future__ import annotations
