@@ -1,0 +1,108 @@
+"""Train the testbed models: target, then EAGLE3 draft, then SpecExit rows, then check.
+
+    python -m sglang_ext.testbed.train --out runs/full --seed 0            # full run (~90 min, 1 thread)
+    python -m sglang_ext.testbed.train --out runs/quick --seed 0 --quick   # throwaway model (< 3 min)
+
+Every stage checkpoints into ``--out`` and is skipped when already complete, so
+re-running the same command after an interruption resumes where it stopped.
+``--export DIR`` copies the final ``target/`` and ``draft/`` directories to ``DIR``
+(the committed weights live in ``sglang_ext/testbed/models/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from typing import Optional, Sequence
+
+import torch
+
+from sglang_ext.testbed.modeling import QUICK_SHAPE, ModelShape
+from sglang_ext.testbed.train_target import TargetTrainConfig, train_target
+
+STAGES = ("target", "traces", "draft", "signals", "check")
+
+
+def stage_config(stage: str, quick: bool):
+    """The (frozen) configuration of ``stage`` for a full or a quick run."""
+    if stage == "shape":
+        return QUICK_SHAPE if quick else ModelShape()
+    if stage == "target":
+        if quick:
+            return TargetTrainConfig(steps=40, batch_size=8, lr=3e-3, warmup=5, ckpt_every=20,
+                                     eval_every=0, eval_problems=4)
+        return TargetTrainConfig()
+    if stage == "traces":
+        from sglang_ext.testbed.traces import TraceConfig
+
+        return TraceConfig(num_train=8, num_signal_train=8, num_heldout=4, reference_traces=True) if quick else TraceConfig()
+    if stage == "draft":
+        from sglang_ext.testbed.train_draft import DraftTrainConfig
+
+        return DraftTrainConfig(steps=20, batch_size=4, ckpt_every=10) if quick else DraftTrainConfig()
+    if stage == "signals":
+        from sglang_ext.testbed.train_signals import SignalTrainConfig
+
+        return SignalTrainConfig(iters=30) if quick else SignalTrainConfig()
+    raise ValueError(stage)
+
+
+def run(out_dir: str, seed: int, quick: bool = False, stages: Sequence[str] = STAGES,
+        export: Optional[str] = None, progress: bool = True) -> dict:
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    os.makedirs(out_dir, exist_ok=True)
+    report = {"seed": seed, "quick": quick}
+    if "target" in stages:
+        rec = train_target(out_dir, seed, stage_config("shape", quick),
+                           stage_config("target", quick), progress)
+        report["target"] = {"final_loss": rec["losses"][-1], "eval": rec["evals"][-1]}
+    if "traces" in stages:
+        from sglang_ext.testbed.traces import build_traces
+
+        report["traces"] = build_traces(out_dir, seed, stage_config("traces", quick), progress)
+    if "draft" in stages:
+        from sglang_ext.testbed.train_draft import train_draft
+
+        rec = train_draft(out_dir, seed, stage_config("draft", quick), progress)
+        report["draft"] = {"final_loss": rec["losses"][-1]}
+    if "signals" in stages:
+        from sglang_ext.testbed.train_signals import train_signals
+
+        report["signals"] = train_signals(out_dir, seed, stage_config("signals", quick), progress)
+    if "check" in stages:
+        from sglang_ext.testbed.check import check_models
+
+        report["check"] = check_models(out_dir, progress=progress)
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    if export:
+        for name in ("target", "draft"):
+            dst = os.path.join(export, name)
+            if os.path.exists(dst):
+                shutil.rmtree(dst)
+            shutil.copytree(os.path.join(out_dir, name), dst)
+    return report
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description="Train the testbed target, EAGLE3 draft and SpecExit rows.")
+    ap.add_argument("--out", required=True, help="run directory (checkpoints, final models)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="tiny throwaway models (< 3 min)")
+    ap.add_argument("--stages", default=",".join(STAGES), help=f"subset of {','.join(STAGES)}")
+    ap.add_argument("--export", default=None, help="copy final target/ and draft/ here")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    stages = [s for s in args.stages.split(",") if s]
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        ap.error(f"unknown stage(s) {bad}; choose from {STAGES}")
+    report = run(args.out, args.seed, args.quick, stages, args.export, not args.no_progress)
+    print(json.dumps({k: v for k, v in report.items() if k != "traces"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
