@@ -15,3 +15,15 @@ def register() -> None:
     from sglang_ext.engine.plugin import register_hooks
 
     register_hooks()
+
+
+def load() -> None:
+    """Load SGLang's plugins (this one included) in the current process.
+
+    SGLang loads plugins itself inside ``sglang.Engine.__init__``, which is too late for the first
+    Engine of a process to accept extension keyword arguments. Call this once before
+    ``sglang.Engine(..., specexit=True, dcut="auto")``.
+    """
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()

@@ -14,6 +14,7 @@ target                                                                 type    p
 ``sglang.srt.server_args.ServerArgs.from_cli_args``                    AROUND  build + attach configs
 ``sglang.srt.entrypoints.engine.Engine.__init__``                      AROUND  Engine(**kwargs) support
 ``sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker`` AROUND  worker subclass swap
+``sglang.srt.speculative.eagle_utils.default_tree_mask_mode``           AROUND  FULL mask for triton on CPU
 =====================================================================  ======  =======================
 
 plus the CPU testbed's torch attention backend registration (``engine/cpu/torch_backend.py``).
@@ -49,6 +50,7 @@ HOOK_ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 HOOK_FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
 HOOK_ENGINE_INIT = "sglang.srt.entrypoints.engine.Engine.__init__"
 HOOK_CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
+HOOK_TREE_MASK_MODE = "sglang.srt.speculative.eagle_utils.default_tree_mask_mode"
 
 _registered = False
 
@@ -187,6 +189,32 @@ def _around_create_worker(original_fn, self, server_args, *args, **kwargs):
     return select_worker_class(base_cls, server_args)
 
 
+# ----------------------------------------------------------------------------- CPU + triton tree mask
+def _triton_attention_on_cpu() -> bool:
+    from sglang.srt.runtime_context import get_exec
+    from sglang.srt.utils.common import is_cpu
+
+    if not is_cpu():
+        return False
+    try:
+        backend = get_exec().attention_backend
+    except Exception:  # no runtime context in this process (e.g. the HTTP server)
+        return False
+    return backend == "triton"
+
+
+def _around_default_tree_mask_mode(original_fn, *args, **kwargs):
+    """On CPU SGLang builds the QLEN_ONLY tree mask that intel_amx consumes; the Triton backend
+    (run under ``TRITON_INTERPRET=1`` on the CPU testbed) reads the FULL layout. Only the mask
+    layout changes: ``eagle_utils._is_cpu`` (which also routes sampling) is left alone."""
+    mode = original_fn(*args, **kwargs)
+    if _triton_attention_on_cpu():
+        from sglang.srt.speculative.eagle_utils import TreeMaskMode
+
+        return TreeMaskMode.FULL_MASK
+    return mode
+
+
 # ----------------------------------------------------------------------------- registration
 def register_hooks() -> None:
     """Register all hooks (idempotent)."""
@@ -200,6 +228,7 @@ def register_hooks() -> None:
     HookRegistry.register(HOOK_FROM_CLI_ARGS, _around_from_cli_args, HookType.AROUND)
     HookRegistry.register(HOOK_ENGINE_INIT, _around_engine_init, HookType.AROUND)
     HookRegistry.register(HOOK_CREATE_WORKER, _around_create_worker, HookType.AROUND)
+    HookRegistry.register(HOOK_TREE_MASK_MODE, _around_default_tree_mask_mode, HookType.AROUND)
     _register_cpu_backend()
     _registered = True
 

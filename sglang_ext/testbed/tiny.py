@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-TINY_TARGET_LAYERS = 6
+TINY_TARGET_LAYERS = 8  # EAGLE3 captures layers 2, L//2, L-3: distinct only for L >= 7
 TINY_HIDDEN = 64
 TINY_HEADS = 4
 TINY_KV_HEADS = 2
@@ -87,7 +87,9 @@ def eagle3_draft_config(target_dir: str) -> dict:
         t = json.load(f)
     cfg = {k: t[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
                              "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings",
-                             "rms_norm_eps", "rope_theta", "bos_token_id", "eos_token_id", "pad_token_id")}
+                             "rms_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id")}
+    cfg["rope_parameters"] = t.get("rope_parameters") or {"rope_theta": t.get("rope_theta", 10000.0),
+                                                          "rope_type": "default"}
     cfg.update({
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",

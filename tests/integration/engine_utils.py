@@ -26,6 +26,9 @@ def make_engine(model_path: str, **overrides):
     """An ``sglang.Engine`` on the CPU testbed (extension kwargs such as ``dcut=`` are accepted)."""
     import sglang
 
+    import sglang_ext
+
+    sglang_ext.load()
     kwargs = dict(CPU_ENGINE_KWARGS)
     kwargs.update(overrides)
     return sglang.Engine(model_path=model_path, **kwargs)
