@@ -1,0 +1,457 @@
+"""SpecExitState: lifecycle by hand, slot reuse, batched == scalar reference, exact replay.
+
+Pure: no sglang import. The scalar reference below re-implements ALGORITHMS.md A.4-A.9 (and
+the project rules stated in ``criterion.py``) one request at a time with plain Python lists;
+the batched state must reproduce its decisions on 200 random multi-request runs with slot
+reuse, mixed per-request options, NaN signals, stop tokens and guards.
+Budget: < 20 s.
+"""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from sglang_ext.specexit.criterion import NO_BOUNDARY, PAD_TOKEN, ExitReason
+from sglang_ext.specexit.overrides import SpecExitOptions
+from sglang_ext.specexit.signals import ALL_METHODS
+from sglang_ext.specexit.smoothing import SmoothingKind
+from sglang_ext.specexit.state import SpecExitState
+
+NAN = float("nan")
+BOUNDARY = (7, 8)
+STOP = 9
+T = 10
+
+
+def signals(confidence=NAN, progress=NAN, remain=NAN):
+    return [confidence, progress, remain]
+
+
+def one_step(state, slot, root, accepted, bonus, obs, width=4):
+    row = list(accepted) + [PAD_TOKEN] * (width - len(accepted))
+    return state.step(
+        torch.tensor([slot]),
+        torch.tensor([root]),
+        torch.tensor([row]),
+        torch.tensor([bonus]),
+        torch.tensor([obs], dtype=torch.float64),
+    )
+
+
+def new_state(max_slots=4):
+    return SpecExitState.allocate(max_slots, BOUNDARY, STOP, max_window=16, dtype=torch.float64)
+
+
+# --- hand-computed lifecycles -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, exits_at_step_4", [("paragraph_mean", True), ("mean", False)])
+def test_paragraph_cut_changes_the_decision(kind, exits_at_step_4):
+    # confidence only, threshold 0.5, W = 3. Observations 0.25, 0.25, then 1.0.
+    # paragraph_mean: step 3 has a boundary -> test on mean(0.25, 0.25) = 0.25 fails, cut -> [0.25],
+    #   push 1.0 -> [0.25, 1.0] = 0.625 > 0.5 -> step 4 exits at its boundary.
+    # mean: [0.25, 0.25, 1.0] = 0.5, not > 0.5 -> no exit.
+    state = new_state()
+    options = SpecExitOptions(method="confidence", smoothing=kind, window=3, confidence_threshold=0.5)
+    state.reset([1], [options], think_tokens=1)
+    d1 = one_step(state, 1, T, [T], T, signals(0.25))
+    d2 = one_step(state, 1, T, [T], T, signals(0.25))
+    d3 = one_step(state, 1, T, [7, T], T, signals(1.0))
+    assert [bool(d.exit) for d in (d1, d2, d3)] == [False, False, False]
+    assert int(d3.first_boundary) == 1
+    d4 = one_step(state, 1, T, [T, 8, T], T, signals(0.0))
+    assert bool(d4.exit) == exits_at_step_4
+    assert int(d4.keep_drafts) == (2 if exits_at_step_4 else 3)
+    assert bool(state.thinking[1]) == (not exits_at_step_4)
+
+
+def test_think_tokens_count_emitted_tokens_and_drive_min_think():
+    # think_tokens starts at 1 (prefill token = first root). Step 1 emits 3 (a = 2 + bonus) -> 4.
+    # Step 2: boundary at j = 1 -> n = 4 + 1 = 5 < min 6: no exit; emits 2 -> 6.
+    # Step 3: boundary root j = 0 -> n = 6 >= 6 -> exit, keep 0.
+    state = new_state()
+    state.reset([0], [SpecExitOptions(method="confidence", ewma_alpha=1.0, min_think_tokens=6)], think_tokens=1)
+    one_step(state, 0, T, [T, T], T, signals(0.9))
+    assert int(state.think_tokens[0]) == 4
+    d = one_step(state, 0, T, [7], 8, signals(0.9))
+    assert not bool(d.exit) and int(state.think_tokens[0]) == 6
+    d = one_step(state, 0, 8, [T], T, signals(0.9))
+    assert (bool(d.exit), int(d.keep_drafts), int(d.reason)) == (True, 0, ExitReason.SIGNALS)
+    assert not bool(state.thinking[0])
+
+
+def test_first_decode_step_cannot_exit_on_signals_and_ewma_exits_after_one_observation():
+    state = new_state()
+    state.reset([0], [SpecExitOptions()])
+    d = one_step(state, 0, 7, [8], T, signals(0.99, 0.99, 1.0))
+    assert not bool(d.exit) and int(d.first_boundary) == 0
+    d = one_step(state, 0, 7, [], T, signals(0.0, 0.0, 1e9))
+    assert bool(d.exit) and int(d.keep_drafts) == 0
+
+
+def test_natural_end_stops_everything_and_is_final():
+    state = new_state()
+    state.reset([0], [SpecExitOptions(method="confidence", ewma_alpha=1.0)])
+    one_step(state, 0, T, [T], T, signals(0.99))
+    d = one_step(state, 0, T, [7, STOP], T, signals(0.99))
+    assert bool(d.natural_end) and not bool(d.exit) and not bool(state.thinking[0])
+    d = one_step(state, 0, 7, [7], T, signals(0.99))  # the answer phase: never exited
+    assert not bool(d.exit) and not bool(d.natural_end) and int(d.first_boundary) == NO_BOUNDARY
+
+
+def test_nan_signals_never_pass_and_do_not_poison_the_smoother():
+    state = new_state()
+    state.reset([0], [SpecExitOptions(method="confidence_remain", ewma_alpha=0.5)])
+    one_step(state, 0, T, [T], T, signals(NAN, NAN, NAN))
+    d = one_step(state, 0, 7, [T], T, signals(0.9, NAN, 10.0))  # nothing defined before this step
+    assert not bool(d.exit)
+    values, defined = state.scores(torch.tensor([0]))
+    assert defined.tolist() == [[True, False, True]] and values[0, 0].item() == 0.9
+    one_step(state, 0, T, [T], T, signals(NAN, 0.1, NAN))  # skipped for both used signals
+    d = one_step(state, 0, 7, [T], T, signals(0.9, NAN, 10.0))
+    assert bool(d.exit) and int(d.reason) == ExitReason.SIGNALS
+
+
+def test_disabled_or_non_reasoning_requests_are_never_touched():
+    state = new_state()
+    state.reset([0, 1], [SpecExitOptions(enable=False), SpecExitOptions()], thinking=[True, False])
+    for _ in range(3):
+        d = state.step(
+            torch.tensor([0, 1]),
+            torch.tensor([7, 7]),
+            torch.tensor([[8, 7], [8, 7]]),
+            torch.tensor([T, T]),
+            torch.tensor([signals(0.99, 0.99, 1.0)] * 2, dtype=torch.float64),
+        )
+        assert d.exit.tolist() == [False, False] and d.keep_drafts.tolist() == [2, 2]
+    assert state.scores(torch.tensor([0, 1]))[1].any().item() is False
+
+
+def test_slot_reuse_does_not_leak_state():
+    state = new_state()
+    eager = SpecExitOptions(method="confidence", ewma_alpha=1.0, max_think_tokens=5, max_think_grace=0)
+    state.reset([2], [eager], think_tokens=1)
+    one_step(state, 2, T, [T], T, signals(0.99))
+    state.reset([2], [SpecExitOptions(method="confidence")], think_tokens=1)
+    # The new request has no observation and no max-think guard: a boundary cannot exit.
+    d = one_step(state, 2, 7, [T, T, T], T, signals(0.99))
+    assert not bool(d.exit)
+    assert int(state.think_tokens[2]) == 5
+
+
+def test_decide_is_read_only_and_observe_without_signals_pushes_nothing():
+    state = new_state()
+    state.reset([0, 3], [SpecExitOptions(smoothing="paragraph_mean")] * 2)
+    one_step(state, 0, T, [T], T, signals(0.5, 0.5, 50.0))
+    before = {k: v.clone() for k, v in vars(state.smoother).items()}
+    flags = state.thinking.clone(), state.think_tokens.clone()
+    args = (torch.tensor([0, 3]), torch.tensor([7, T]), torch.tensor([[T], [T]]), torch.tensor([T, T]))
+    first, second = state.decide(*args), state.decide(*args)
+    for name in ("exit", "keep_drafts", "reason", "first_boundary"):
+        assert torch.equal(getattr(first, name), getattr(second, name))
+    for k, v in vars(state.smoother).items():
+        assert torch.equal(v, before[k]), k
+    assert torch.equal(state.thinking, flags[0]) and torch.equal(state.think_tokens, flags[1])
+    state.observe(args[0], first, None)
+    assert state.smoother.length[3].tolist() == [0, 0, 0]
+    assert state.smoother.length[0].tolist() == [1, 1, 1]  # cut at the boundary, no push
+
+
+def test_allocate_rejects_an_empty_boundary_set_and_reset_checks_lengths():
+    with pytest.raises(ValueError, match="empty"):
+        SpecExitState.allocate(2, [], STOP)
+    state = new_state()
+    with pytest.raises(ValueError, match="2 slots but 1 options"):
+        state.reset([0, 1], [SpecExitOptions()])
+
+
+# --- scalar reference ---------------------------------------------------------------------
+
+
+class RefPredictor:
+    def __init__(self, kind, alpha, window):
+        self.kind, self.alpha, self.window = kind, alpha, window
+        self.history, self.ewma = [], None
+
+    def push(self, x):
+        if math.isfinite(x):
+            self.history.append(x)
+            self.ewma = x if self.ewma is None else self.alpha * x + (1 - self.alpha) * self.ewma
+
+    def cut(self):
+        if self.kind == SmoothingKind.PARAGRAPH_MEAN:
+            self.history = self.history[-1:]
+
+    def score(self):
+        if self.kind == SmoothingKind.EWMA:
+            return self.ewma
+        if self.kind == SmoothingKind.MOMENTUM:
+            if len(self.history) < self.window:
+                return None
+            last = self.history[-1]
+            return last if self.window == 1 else last + (last - self.history[-self.window]) / (self.window - 1)
+        recent = self.history[-self.window :]
+        return sum(recent) / len(recent) if recent else None
+
+
+class RefRequest:
+    """One request, one step at a time, straight from the spec."""
+
+    def __init__(self, options, think_tokens, thinking):
+        self.o = options
+        self.think = think_tokens
+        self.thinking = thinking and options.enable
+        self.predictors = [RefPredictor(options.smoothing, options.ewma_alpha, options.window) for _ in range(3)]
+
+    def passes(self):
+        used = [i for i, on in enumerate(self.o.method.active_columns) if on]
+        for i in used:
+            s = self.predictors[i].score()
+            if s is None or math.isnan(s):
+                return False
+            limit = self.o.thresholds[i]
+            if not (s < limit if i == 2 else s > limit):
+                return False
+        return bool(used)
+
+    def step(self, root, accepted, bonus, obs):
+        a = len(accepted)
+        quiet = dict(exit=False, keep=a, reason=0, natural=False, first=NO_BOUNDARY)
+        if not self.thinking:
+            return quiet
+        run = [root] + accepted
+        if STOP in run or bonus == STOP:
+            self.thinking = False
+            return dict(quiet, natural=True)
+        passes = self.passes()
+        first = next((j for j, tok in enumerate(run) if tok in BOUNDARY), NO_BOUNDARY)
+        exit_at, reason = None, 0
+        max_think, grace = self.o.max_think_tokens, self.o.max_think_grace
+        for j, tok in enumerate(run):
+            n = self.think + j
+            is_boundary = tok in BOUNDARY
+            by_signals = is_boundary and n >= self.o.min_think_tokens and passes
+            forced = max_think is not None and ((is_boundary and n >= max_think) or n >= max_think + grace)
+            if by_signals or forced:
+                exit_at, reason = j, (1 if by_signals else 2)
+                break
+        if first != NO_BOUNDARY:
+            for p in self.predictors:
+                p.cut()
+        if exit_at is None:
+            keep = a
+            for p, x in zip(self.predictors, obs):
+                p.push(x)
+        else:
+            keep = exit_at
+            self.thinking = False
+        self.think += keep + 1
+        return dict(exit=exit_at is not None, keep=keep, reason=reason, natural=False, first=first)
+
+
+# --- random scenarios -----------------------------------------------------------------------
+
+
+def random_options(rng):
+    min_think = rng.choice([0, 0, rng.randint(1, 40)])
+    max_think = rng.choice([None, None, rng.randint(max(5, min_think), 60)])
+    return SpecExitOptions(
+        enable=rng.random() < 0.95,
+        method=rng.choice(ALL_METHODS),
+        smoothing=SmoothingKind(rng.randrange(4)),
+        ewma_alpha=rng.uniform(0.05, 1.0),
+        window=rng.randint(1, 8),
+        confidence_threshold=rng.uniform(0.55, 0.9),
+        progress_threshold=rng.uniform(0.1, 0.6),
+        remain_threshold=rng.uniform(30.0, 600.0),
+        min_think_tokens=min_think,
+        max_think_tokens=max_think,
+        max_think_grace=rng.randint(0, 10),
+    )
+
+
+def random_token(rng):
+    u = rng.random()
+    if u < 0.15:
+        return rng.choice(BOUNDARY)
+    if u < 0.17:
+        return STOP
+    return rng.randint(10, 30)
+
+
+def random_signals(rng):
+    values = [rng.uniform(0.5, 1.0), rng.uniform(0.0, 1.0), math.exp(rng.uniform(2.0, 7.0))]
+    return [NAN if rng.random() < 0.05 else v for v in values]
+
+
+def make_scenario(rng, max_slots=6, steps=20, width=4):
+    """Two events per step, both possibly empty: ("reset", slots, options, think_tokens, thinking)
+    then ("step", slots, roots, accepted, bonus, signals)."""
+    events, occupied = [], set()
+    for _ in range(steps):
+        for slot in sorted(occupied):
+            if rng.random() < 0.08:
+                occupied.discard(slot)  # request finished; the slot will be reused
+        new = [s for s in range(max_slots) if s not in occupied and rng.random() < 0.5]
+        events.append(
+            (
+                "reset",
+                new,
+                [random_options(rng) for _ in new],
+                [rng.randint(1, 40) for _ in new],
+                [rng.random() < 0.9 for _ in new],
+            )
+        )
+        occupied.update(new)
+        batch = rng.sample(sorted(occupied), rng.randint(1, len(occupied))) if occupied else []
+        accepted = []
+        for _ in batch:
+            a = rng.randint(0, width)
+            accepted.append([random_token(rng) for _ in range(a)] + [PAD_TOKEN] * (width - a))
+        events.append(
+            (
+                "step",
+                batch,
+                [random_token(rng) for _ in batch],
+                accepted,
+                [random_token(rng) for _ in batch],
+                [random_signals(rng) for _ in batch],
+            )
+        )
+    return events
+
+
+def run_state(events, max_slots=6):
+    """Drive a fresh SpecExitState; return the decisions of every non-empty step."""
+    state = SpecExitState.allocate(max_slots, BOUNDARY, STOP, max_window=16, dtype=torch.float64)
+    decisions = []
+    for event in events:
+        if event[0] == "reset":
+            _, slots, options, think, thinking = event
+            state.reset(slots, options, think_tokens=think, thinking=thinking)
+            continue
+        _, slots, roots, accepted, bonus, obs = event
+        if not slots:
+            continue
+        d = state.step(
+            torch.tensor(slots),
+            torch.tensor(roots),
+            torch.tensor(accepted),
+            torch.tensor(bonus),
+            torch.tensor(obs, dtype=torch.float64),
+        )
+        decisions.append(d)
+    return state, decisions
+
+
+def test_batched_state_equals_the_scalar_reference_on_200_random_runs():
+    # 200 independent runs share one state (6 slots each) and are stepped together: each
+    # batch interleaves rows of every run in random order, so batching itself is under test.
+    rng = random.Random(20250521)
+    runs, per_run, steps = 200, 6, 20
+    scenarios = [make_scenario(rng, per_run, steps) for _ in range(runs)]
+    state = SpecExitState.allocate(runs * per_run, BOUNDARY, STOP, max_window=16, dtype=torch.float64)
+    reference = {}
+    seen = {"signals": 0, "max_think": 0, "natural": 0, "boundary_no_exit": 0, "cut_short": 0}
+    for t in range(steps):
+        slots, options, think, thinking = [], [], [], []
+        for r, events in enumerate(scenarios):
+            _, new, opts, counts, flags = events[2 * t]
+            for s, o, n, f in zip(new, opts, counts, flags):
+                slots.append(r * per_run + s)
+                options.append(o)
+                think.append(n)
+                thinking.append(f)
+                reference[r * per_run + s] = RefRequest(o, n, f)
+        state.reset(slots, options, think_tokens=think, thinking=thinking)
+
+        rows = []
+        for r, events in enumerate(scenarios):
+            _, batch, roots, accepted, bonus, obs = events[2 * t + 1]
+            rows += [(r * per_run + s, roots[i], accepted[i], bonus[i], obs[i]) for i, s in enumerate(batch)]
+        rng.shuffle(rows)
+        index = torch.tensor([row[0] for row in rows])
+        d = state.step(
+            index,
+            torch.tensor([row[1] for row in rows]),
+            torch.tensor([row[2] for row in rows]),
+            torch.tensor([row[3] for row in rows]),
+            torch.tensor([row[4] for row in rows], dtype=torch.float64),
+        )
+        values, defined = (x.tolist() for x in state.scores(index))
+        got_all = {k: getattr(d, k).tolist() for k in ("exit", "keep_drafts", "reason", "natural_end", "first_boundary")}
+        thinking_now, think_now = state.thinking.tolist(), state.think_tokens.tolist()
+        for i, (slot, root, accepted, bonus, obs) in enumerate(rows):
+            ref = reference[slot]
+            drafts = [tok for tok in accepted if tok != PAD_TOKEN]
+            expected = ref.step(root, drafts, bonus, obs)
+            got = dict(
+                exit=got_all["exit"][i],
+                keep=got_all["keep_drafts"][i],
+                reason=got_all["reason"][i],
+                natural=got_all["natural_end"][i],
+                first=got_all["first_boundary"][i],
+            )
+            assert got == expected, (t, slot, ref.o, root, accepted, bonus)
+            assert thinking_now[slot] == ref.thinking
+            if ref.thinking:
+                assert think_now[slot] == ref.think
+            for c in range(3):
+                score = ref.predictors[c].score()
+                assert defined[i][c] == (score is not None), (t, slot, c)
+                if score is not None:
+                    assert math.isclose(values[i][c], score, rel_tol=1e-9, abs_tol=1e-12), (values[i][c], score)
+            seen["signals"] += expected["reason"] == ExitReason.SIGNALS
+            seen["max_think"] += expected["reason"] == ExitReason.MAX_THINK
+            seen["natural"] += expected["natural"]
+            seen["boundary_no_exit"] += expected["first"] != NO_BOUNDARY and not expected["exit"]
+            seen["cut_short"] += expected["exit"] and expected["keep"] < len(drafts)
+    # The random runs must exercise every path, or the comparison proves little.
+    assert min(seen.values()) >= 30, seen
+
+
+def test_replay_from_a_json_log_gives_the_same_decisions():
+    rng = random.Random(7)
+    events = make_scenario(rng, steps=30)
+    _, decisions = run_state(events)
+
+    def encode(event):
+        if event[0] == "reset":
+            _, slots, options, think, thinking = event
+            opts = [
+                {**{f: getattr(o, f) for f in ("enable", "ewma_alpha", "window", "confidence_threshold",
+                                                "progress_threshold", "remain_threshold", "min_think_tokens",
+                                                "max_think_tokens", "max_think_grace")},
+                 "method": o.method.name, "smoothing": o.smoothing.label}
+                for o in options
+            ]
+            return ["reset", slots, opts, think, thinking]
+        return list(event)
+
+    log = json.dumps(
+        {
+            "events": [encode(e) for e in events],
+            "decisions": [
+                {k: getattr(d, k).tolist() for k in ("exit", "keep_drafts", "reason", "natural_end", "first_boundary")}
+                for d in decisions
+            ],
+        }
+    )
+    loaded = json.loads(log)
+    replayed_events = []
+    for e in loaded["events"]:
+        if e[0] == "reset":
+            replayed_events.append(("reset", e[1], [SpecExitOptions(**o) for o in e[2]], e[3], e[4]))
+        else:
+            replayed_events.append(tuple(e))
+    _, replayed = run_state(replayed_events)
+    assert len(replayed) == len(decisions) == len(loaded["decisions"])
+    for original, again, logged in zip(decisions, replayed, loaded["decisions"]):
+        for k in ("exit", "keep_drafts", "reason", "natural_end", "first_boundary", "num_accepted"):
+            assert torch.equal(getattr(original, k), getattr(again, k)), k
+        for k, v in logged.items():
+            assert getattr(again, k).tolist() == v
+    assert any(bool(d.exit.any()) for d in decisions)
