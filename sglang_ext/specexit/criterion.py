@@ -83,6 +83,17 @@ class ExitDecision:
         int64 ``a``, accepted drafts before the cut.
     was_thinking : torch.Tensor
         bool thinking flag at the start of the step.
+
+    Examples
+    --------
+    One request that exits at ``j* = 1`` out of ``a = 3`` accepted drafts:
+
+    >>> d = ExitDecision(exit=torch.tensor([True]), keep_drafts=torch.tensor([1]),
+    ...                  reason=torch.tensor([1]), natural_end=torch.tensor([False]),
+    ...                  first_boundary=torch.tensor([1]), num_accepted=torch.tensor([3]),
+    ...                  was_thinking=torch.tensor([True]))
+    >>> d.emitted_len.tolist(), d.still_thinking.tolist()
+    ([2], [False])
     """
 
     exit: torch.Tensor  # [batch_size]

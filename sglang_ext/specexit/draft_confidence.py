@@ -38,6 +38,9 @@ def max_softmax(
 ) -> torch.Tensor:  # [num_tokens]
     """Probability of the argmax token: ``exp(max - logsumexp)``, in at least float32.
 
+    Computed as ``1 / sum(exp(l - max(l)))``, which is the same number without the
+    cancellation of ``max - logsumexp`` at large logits.
+
     Parameters
     ----------
     logits : torch.Tensor
@@ -54,7 +57,8 @@ def max_softmax(
     [0.5, 1.0]
     """
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return torch.exp(logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1))
+    shifted = logits - logits.max(dim=-1, keepdim=True).values  # [num_tokens, vocab_size], max 0
+    return 1.0 / torch.exp(shifted).sum(dim=-1)
 
 
 def draft_confidence_observation(
