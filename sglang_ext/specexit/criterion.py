@@ -153,8 +153,7 @@ def signal_test(
     [False, True]
     """
     thresholds = thresholds.to(scores.dtype)
-    is_remain = torch.zeros(NUM_SIGNALS, dtype=torch.bool, device=scores.device)
-    is_remain[int(Signal.REMAIN)] = True
+    is_remain = torch.arange(NUM_SIGNALS, device=scores.device) == int(Signal.REMAIN)  # [NUM_SIGNALS]
     passes = torch.where(is_remain[None, :], scores < thresholds, scores > thresholds)
     passes = passes & defined.to(torch.bool)
     active = active.to(torch.bool)

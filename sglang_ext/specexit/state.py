@@ -266,8 +266,18 @@ class SpecExitState:
     ) -> ExitDecision:
         """This step's exit decisions, from the state after the previous step (read-only).
 
-        See :func:`sglang_ext.specexit.criterion.decide_exit` for the rules and
-        :meth:`SpecExitState.step` for an example.
+        See :func:`sglang_ext.specexit.criterion.decide_exit` for the rules.
+
+        Examples
+        --------
+        Max-think guard M = 3 with no grace; thinking length through r_j is 1 + j:
+
+        >>> state = SpecExitState.allocate(2, [7], 9)
+        >>> state.reset([0], [SpecExitOptions(max_think_tokens=3, max_think_grace=0)], think_tokens=1)
+        >>> d = state.decide(torch.tensor([0]), torch.tensor([5]), torch.tensor([[5, 5, 5]]),
+        ...                  torch.tensor([5]))
+        >>> d.exit.tolist(), d.keep_drafts.tolist(), d.reason.tolist()
+        ([True], [2], [2])
         """
         index = as_slot_index(req_pool_indices, self.thinking.device)
         return decide_exit(
@@ -302,6 +312,16 @@ class SpecExitState:
             ``[batch_size, NUM_SIGNALS]`` this step's observations (mean over root +
             accepted drafts, NaN where unused). Only requests still thinking are pushed;
             None pushes nothing.
+
+        Examples
+        --------
+        >>> state = SpecExitState.allocate(1, [7], 9)
+        >>> state.reset([0], [SpecExitOptions()], think_tokens=1)
+        >>> d = state.decide(torch.tensor([0]), torch.tensor([5]), torch.tensor([[5, -1]]),
+        ...                  torch.tensor([5]))
+        >>> state.observe(torch.tensor([0]), d, torch.tensor([[0.9, 0.5, 20.0]]))
+        >>> state.thinking[0].item(), state.think_tokens[0].item()  # 1 + (r_1, bonus)
+        (True, 3)
         """
         index = as_slot_index(req_pool_indices, self.thinking.device)
         evaluated = decision.first_boundary != NO_BOUNDARY  # [batch_size]

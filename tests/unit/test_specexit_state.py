@@ -382,7 +382,8 @@ def test_batched_state_equals_the_scalar_reference_on_200_random_runs():
             torch.tensor([row[4] for row in rows], dtype=torch.float64),
         )
         values, defined = (x.tolist() for x in state.scores(index))
-        got_all = {k: getattr(d, k).tolist() for k in ("exit", "keep_drafts", "reason", "natural_end", "first_boundary")}
+        fields = ("exit", "keep_drafts", "reason", "natural_end", "first_boundary")
+        got_all = {k: getattr(d, k).tolist() for k in fields}
         thinking_now, think_now = state.thinking.tolist(), state.think_tokens.tolist()
         for i, (slot, root, accepted, bonus, obs) in enumerate(rows):
             ref = reference[slot]
