@@ -137,7 +137,7 @@ def train_draft(out_dir: str, seed: int, cfg: DraftTrainConfig, progress: bool =
         draft.fc.weight.grad[dcfg.hidden_size:] = 0
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         accs.append(step_acc)
         bar.set_postfix(loss=f"{losses[-1]:.4f}", acc="/".join(f"{a:.3f}" for a in step_acc))
         done = step + 1

@@ -29,13 +29,13 @@ P_NO_THINK = 0.05
 
 @dataclass(frozen=True)
 class TargetTrainConfig:
-    steps: int = 1000
+    steps: int = 600
     batch_size: int = 32
     lr: float = 2e-3
-    warmup: int = 60
+    warmup: int = 40
     weight_decay: float = 0.01
-    ckpt_every: int = 50
-    eval_every: int = 200
+    ckpt_every: int = 25
+    eval_every: int = 150
     eval_problems: int = 32
 
 
@@ -108,7 +108,7 @@ def train_target(out_dir: str, seed: int, shape: ModelShape, cfg: TargetTrainCon
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         done = step + 1
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:

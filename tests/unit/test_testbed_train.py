@@ -1,0 +1,121 @@
+"""Tests of the testbed training code in ``--quick`` mode (tiny throwaway models).
+
+Runs the whole pipeline once (target, traces + labels, draft, signal rows, check) and
+checks that the losses fall, that the checkpoints have the layouts SGLang loads, that
+a finished run is skipped on re-run, and that an interrupted stage resumes to the
+same weights as an uninterrupted one.
+
+Budget: < 3 min (the quick pipeline dominates).
+"""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sglang_ext.testbed import train, train_target
+from sglang_ext.testbed.modeling import QUICK_SHAPE, aux_layer_ids
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("quick"))
+    report = train.run(out, seed=0, quick=True, progress=False)
+    return out, report
+
+
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_target_loss_decreases_and_config(quick_run):
+    out, _ = quick_run
+    rec = json.load(open(os.path.join(out, "target_record.json")))
+    losses = rec["losses"]
+    assert len(losses) == train.stage_config("target", True).steps
+    assert _mean(losses[-5:]) < 0.6 * _mean(losses[:5])
+    cfg = json.load(open(os.path.join(out, "target", "config.json")))
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert cfg["num_hidden_layers"] == QUICK_SHAPE.num_layers >= 6
+    assert cfg["hidden_size"] == QUICK_SHAPE.hidden_size and cfg["vocab_size"] == 256
+    assert cfg["tie_word_embeddings"] is False
+    sd = load_file(os.path.join(out, "target", "model.safetensors"))
+    assert sd["model.embed_tokens.weight"].shape == (256, QUICK_SHAPE.hidden_size)
+    assert sd["lm_head.weight"].shape == (256, QUICK_SHAPE.hidden_size)
+    assert f"model.layers.{QUICK_SHAPE.num_layers - 1}.mlp.down_proj.weight" in sd
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert os.path.exists(os.path.join(out, "target", f)), f
+
+
+def test_draft_loss_decreases_and_checkpoint_layout(quick_run):
+    out, _ = quick_run
+    rec = json.load(open(os.path.join(out, "draft_record.json")))
+    assert _mean(rec["losses"][-4:]) < _mean(rec["losses"][:4])
+    assert all(len(a) == 3 for a in rec["accs"])  # three TTT steps
+    H = QUICK_SHAPE.hidden_size
+    sd = load_file(os.path.join(out, "draft", "model.safetensors"))
+    assert sd["fc.weight"].shape == (H + 3, 3 * H)
+    assert sd["midlayer.self_attn.q_proj.weight"].shape == (H, 2 * H)
+    assert sd["midlayer.mlp.down_proj.weight"].shape == (H, QUICK_SHAPE.draft_intermediate_size)
+    assert sd["lm_head.weight"].shape == (256, H)
+    assert sd["d2t"].shape == (256,) and sd["t2d"].shape == (256,)
+    # signal rows were fitted (non-zero); token rows equal the draft stage's
+    tokens = torch.load(os.path.join(out, "draft_tokens.pt"), weights_only=False)
+    assert torch.equal(sd["fc.weight"][:H], tokens["sglang_state_dict"]["fc.weight"][:H])
+    assert sd["fc.weight"][H:].abs().sum() > 0
+    cfg = json.load(open(os.path.join(out, "draft", "config.json")))
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3SpecExit"]
+    assert cfg["specexit_method"] == "confidence_progress_remain"
+    assert cfg["draft_vocab_size"] == 256 and cfg["num_hidden_layers"] == 1
+    ids = [i + 1 for i in cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+    assert ids == aux_layer_ids(QUICK_SHAPE.num_layers)
+
+
+def test_report_and_checks(quick_run):
+    out, report = quick_run
+    chk = report["check"]
+    assert chk["n"] == train.stage_config("traces", True).num_heldout
+    assert 1.0 <= chk["accept_length"] <= 4.0
+    assert 0.0 <= chk["progress_mae"] <= 1.0
+    assert set(chk["pass"]) == {"accuracy", "mean_rechecks", "accept_length", "confidence_auc",
+                                "progress_mae", "remain_within_30pct"}
+    assert json.load(open(os.path.join(out, "report.json")))["check"] == chk
+
+
+def test_finished_run_is_skipped(quick_run, monkeypatch):
+    out, report = quick_run
+
+    def boom(*a, **k):
+        raise AssertionError("a finished stage was re-run")
+
+    monkeypatch.setattr(train_target, "build_target", boom)
+    again = train.run(out, seed=0, quick=True, stages=("target", "draft", "signals"), progress=False)
+    assert again["target"] == report["target"]
+
+
+def test_interrupted_target_resumes_to_identical_weights(tmp_path, monkeypatch):
+    cfg = train_target.TargetTrainConfig(steps=6, batch_size=2, lr=3e-3, warmup=2, ckpt_every=2,
+                                         eval_every=0, eval_problems=1)
+    monkeypatch.setattr(train_target, "evaluate_target", lambda *a, **k: {"accuracy": 0.0})
+    ref_dir, cut_dir = str(tmp_path / "ref"), str(tmp_path / "cut")
+    train_target.train_target(ref_dir, 0, QUICK_SHAPE, cfg, progress=False)
+
+    real_batch = train_target.batch_for_step
+
+    def interrupted(tok, seed, step, bs):
+        if step == 3:
+            raise KeyboardInterrupt
+        return real_batch(tok, seed, step, bs)
+
+    monkeypatch.setattr(train_target, "batch_for_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_target.train_target(cut_dir, 0, QUICK_SHAPE, cfg, progress=False)
+    assert not os.path.exists(os.path.join(cut_dir, "target"))
+    monkeypatch.setattr(train_target, "batch_for_step", real_batch)
+    train_target.train_target(cut_dir, 0, QUICK_SHAPE, cfg, progress=False)
+    a = load_file(os.path.join(ref_dir, "target", "model.safetensors"))
+    b = load_file(os.path.join(cut_dir, "target", "model.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
