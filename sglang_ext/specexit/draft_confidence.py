@@ -30,7 +30,46 @@ from __future__ import annotations
 
 import torch
 
-from sglang_ext.specexit.signals import NUM_SIGNALS, Signal
+from sglang_ext.specexit.defaults import SIGNAL_SOURCES
+from sglang_ext.specexit.signals import NUM_SIGNALS, Signal, SpecExitMethod
+
+#: The signal source this module implements (``--specexit-signal-source``).
+DRAFT_CONFIDENCE_SOURCE = "draft-confidence"
+
+
+def check_signal_source(source: str, method: SpecExitMethod) -> None:
+    """Reject an unknown signal source, or ``draft-confidence`` with progress or remain.
+
+    Parameters
+    ----------
+    source : str
+        ``"head"`` or ``"draft-confidence"``.
+    method : SpecExitMethod
+        The server's method.
+
+    Raises
+    ------
+    ValueError
+        With a message naming the source and the offending signals.
+
+    Examples
+    --------
+    >>> from sglang_ext.specexit.signals import parse_method
+    >>> check_signal_source("draft-confidence", parse_method("confidence"))
+    >>> check_signal_source("draft-confidence", parse_method("confidence_remain"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: signal source 'draft-confidence' provides confidence only; ... also asks for remain
+    """
+    if source not in SIGNAL_SOURCES:
+        raise ValueError(f"unknown signal source {source!r}; expected one of {', '.join(SIGNAL_SOURCES)}")
+    if source == DRAFT_CONFIDENCE_SOURCE:
+        extra = [n for n in method.names if n != Signal.CONFIDENCE.label]
+        if extra:
+            raise ValueError(
+                f"signal source {source!r} provides confidence only; method '{method.name}' also asks for "
+                f"{', '.join(extra)}"
+            )
 
 
 def max_softmax(

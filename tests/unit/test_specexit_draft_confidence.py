@@ -12,11 +12,13 @@ import torch
 
 from sglang_ext.specexit.criterion import PAD_TOKEN
 from sglang_ext.specexit.draft_confidence import (
+    check_signal_source,
     draft_confidence_observation,
     draft_confidence_signals,
     max_softmax,
 )
 from sglang_ext.specexit.overrides import SpecExitOptions
+from sglang_ext.specexit.signals import ALL_METHODS
 from sglang_ext.specexit.state import SpecExitState
 
 
@@ -70,3 +72,15 @@ def test_draft_confidence_drives_an_exit_and_skips_steps_without_accepted_drafts
     assert state.scores(slot)[0][0, 0].item() == 0.9
     d = step([10, 7], [0.5, 0.5, 0.5])  # test uses e = 0.9 > 0.8 -> exit at the boundary r_2
     assert d.exit.tolist() == [True] and d.keep_drafts.tolist() == [2]
+
+
+def test_signal_source_check():
+    for method in ALL_METHODS:
+        check_signal_source("head", method)  # the head serves every method
+        if method.name == "confidence":
+            check_signal_source("draft-confidence", method)
+        else:
+            with pytest.raises(ValueError, match="provides confidence only"):
+                check_signal_source("draft-confidence", method)
+    with pytest.raises(ValueError, match="unknown signal source 'probe'"):
+        check_signal_source("probe", ALL_METHODS[0])
