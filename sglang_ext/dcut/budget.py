@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from sglang_ext.dcut.tree import NO_PARENT, TreeTopology, num_jump_rounds
+from sglang_ext.dcut.tree import TreeTopology, path_reduce
 
 __all__ = [
     "Ranking",
@@ -80,7 +80,7 @@ def _finish_ranking(
     row_width: int,
     is_tree: bool,
 ) -> Ranking:
-    s = flat_scores[order].to(torch.float64)
+    s = flat_scores.index_select(0, order).to(torch.float64)
     eligible = s > float("-inf")
     s = torch.where(eligible, s, torch.zeros_like(s))
     prefix = torch.zeros(s.shape[0] + 1, dtype=torch.float64, device=s.device)
@@ -94,6 +94,16 @@ def _finish_ranking(
         row_width=row_width,
         is_tree=is_tree,
     )
+
+
+_FLOAT_KEY_MAX = (1 << 32) - 1
+
+
+def _float_key(x: torch.Tensor) -> torch.Tensor:
+    """Order-preserving map of float32 values (no NaN) to int64 in ``[0, 2**32)``."""
+    bits = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    mono = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF))  # -0.0 and 0.0 both map to 0
+    return mono + (1 << 31)
 
 
 def _sanitize(scores: torch.Tensor) -> torch.Tensor:
@@ -172,30 +182,22 @@ def rank_tree(
     if candidate_mask is not None:
         eligible &= candidate_mask.to(torch.bool)
     s = torch.where(eligible, s, torch.full_like(s, float("-inf")))
-    # Running minimum along root paths (pointer jumping); the root does not constrain.
-    s = torch.where(
-        torch.arange(n, device=device).unsqueeze(0) == 0, torch.full_like(s, float("inf")), s
-    )
-    parent = topology.parent
-    jump = torch.where(parent == NO_PARENT, torch.full_like(parent, n), parent)
-    jump = torch.cat([jump, torch.full((bs, 1), n, dtype=jump.dtype, device=device)], 1)
-    val = torch.cat([s, torch.full((bs, 1), float("inf"), dtype=s.dtype, device=device)], 1)
-    for _ in range(num_jump_rounds(n)):
-        val = torch.minimum(val, val.gather(1, jump))
-        jump = jump.gather(1, jump)
-    s = val[:, :n]
-    s[:, 0] = float("-inf")  # roots are not candidates
-    # Secondary key (depth asc, request asc, node asc); unreachable nodes last.
+    # Running minimum along root paths; the root does not constrain (+inf, the identity).
+    is_root = torch.arange(n, device=device).unsqueeze(0) == 0
+    s = path_reduce(torch.where(is_root, torch.full_like(s, float("inf")), s), topology, "min")
+    s = torch.where(is_root, torch.full_like(s, float("-inf")), s)  # roots are not candidates
+    # One int64 sort key: score descending (monotone integer image of the float32 score) in
+    # the high 32 bits, then (depth asc, request asc, node asc) in the low 31 bits.
+    # Unreachable nodes sort after every reachable one, roots after everything.
     depth = torch.where(topology.reachable, topology.depth, torch.full_like(topology.depth, n))
+    depth[:, 0] = n + 1
     flat_id = torch.arange(bs * n, device=device, dtype=torch.int64)
     key2 = depth.reshape(-1) * (bs * n) + flat_id
-    by_key2 = torch.argsort(key2)
+    if (n + 2) * bs * n >= 1 << 31:
+        raise ValueError(f"rank_tree: batch too large for the sort key (bs={bs}, nodes={n})")
     flat_s = s.reshape(-1)
-    perm = torch.sort(flat_s[by_key2], descending=True, stable=True).indices
-    order = by_key2[perm]
-    # Drop root ids (always last: score -inf, depth 0 ties resolved after all eligible ones).
-    is_root = (order % n) == 0
-    order = order[torch.argsort(is_root.to(torch.int8), stable=True)][: bs * (n - 1)]
+    key = ((_FLOAT_KEY_MAX - _float_key(flat_s)) << 31) | key2
+    order = torch.sort(key).indices[: bs * (n - 1)]
     return _finish_ranking(order, flat_s, bs, n, is_tree=True)
 
 
@@ -254,35 +256,40 @@ def select(
     take = torch.arange(ranking.num_candidates, device=device) < budget
     take &= torch.arange(ranking.num_candidates, device=device) < ranking.num_eligible
     flat = torch.zeros(ranking.batch_size * ranking.row_width, dtype=torch.bool, device=device)
-    flat[ranking.order] = take
-    return flat
+    return flat.scatter_(0, ranking.order, take)
 
 
 def keep_lens_from_selection(
     selected: torch.Tensor,  # [batch_size * num_draft_slots] bool
     batch_size: int,
+    row_width: Optional[int] = None,
 ) -> torch.Tensor:  # [batch_size] int64
     """Kept drafts per chain (a prefix length, bonus excluded) from a flat chain selection.
+
+    ``row_width`` (``num_draft_slots``) is needed only for an empty batch.
 
     Examples
     --------
     >>> keep_lens_from_selection(torch.tensor([True, False, True, True]), 2).tolist()
     [1, 2]
     """
-    return selected.view(batch_size, -1).sum(dim=1)
+    return selected.view(batch_size, -1 if row_width is None else row_width).sum(dim=1)
 
 
 def keep_mask_from_selection(
     selected: torch.Tensor,  # [batch_size * num_nodes] bool
     batch_size: int,
+    row_width: Optional[int] = None,
 ) -> torch.Tensor:  # [batch_size, num_nodes] bool
     """Kept-node mask of trees (root always kept) from a flat tree selection.
+
+    ``row_width`` (``num_nodes``) is needed only for an empty batch.
 
     Examples
     --------
     >>> keep_mask_from_selection(torch.tensor([False, True, False, False]), 1).tolist()
     [[True, True, False, False]]
     """
-    mask = selected.view(batch_size, -1).clone()
+    mask = selected.view(batch_size, -1 if row_width is None else row_width).clone()
     mask[:, 0] = True
     return mask

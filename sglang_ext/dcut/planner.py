@@ -158,9 +158,9 @@ def _make_plan(
     budget = max(0, min(int(budget), ranking.num_candidates))
     selected = select(ranking, budget)
     if ranking.is_tree:
-        keep_lens, keep_mask = None, keep_mask_from_selection(selected, bs)
+        keep_lens, keep_mask = None, keep_mask_from_selection(selected, bs, ranking.row_width)
     else:
-        keep_lens, keep_mask = keep_lens_from_selection(selected, bs), None
+        keep_lens, keep_mask = keep_lens_from_selection(selected, bs, ranking.row_width), None
     num_kept = torch.clamp(ranking.num_eligible, max=budget)
     return DCutPlan(
         tier_index=tier_index,

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from sglang_ext.dcut.tree import NO_PARENT, TreeTopology, num_jump_rounds
+from sglang_ext.dcut.tree import TreeTopology, path_reduce
 
 INELIGIBLE_SCORE = float("-inf")
 
@@ -205,22 +205,13 @@ def tree_survival(
         >>> tree_survival(torch.tensor([[1.0, 0.5, 0.25, 0.5]]), topo).scores.tolist()
         [[1.0, 0.5, 0.25, 0.25]]
     """
-    bs, n = conf.shape
     logc, nonfinite = _log_conf(conf)
     is_root = torch.zeros_like(nonfinite)
     is_root[:, 0] = True
     reachable = topology.reachable
-    logc = torch.where(is_root, torch.zeros_like(logc), logc)
-    logc = torch.where(reachable, logc, torch.full_like(logc, float("nan")))
+    nan = torch.full_like(logc, float("nan"))
+    # Root: log 1 = 0 (the sum identity); nodes not linked to the root: NaN (ineligible).
+    logc = torch.where(reachable, torch.where(is_root, torch.zeros_like(logc), logc), nan)
     nonfinite = nonfinite & ~is_root & reachable
-
-    # Pointer jumping: add the value of the jump target, then double the jump.
-    parent = topology.parent
-    sink = n
-    jump = torch.where(parent == NO_PARENT, torch.full_like(parent, sink), parent)
-    jump = torch.cat([jump, torch.full((bs, 1), sink, dtype=jump.dtype, device=jump.device)], 1)
-    val = torch.cat([logc, torch.zeros((bs, 1), dtype=logc.dtype, device=logc.device)], 1)
-    for _ in range(num_jump_rounds(n)):
-        val = val + val.gather(1, jump)
-        jump = jump.gather(1, jump)
-    return _finish(val[:, :n], nonfinite, ~is_root)
+    log_s = path_reduce(logc, topology, "sum")
+    return _finish(log_s, nonfinite, ~is_root)

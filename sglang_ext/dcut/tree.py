@@ -62,6 +62,7 @@ __all__ = [
     "TreeTopology",
     "CompactTree",
     "num_jump_rounds",
+    "path_reduce",
     "parents_from_retrive",
     "retrive_from_parents",
     "chain_retrive",
@@ -128,10 +129,16 @@ class TreeTopology:
     depth : torch.Tensor
         ``[batch_size, num_nodes]`` int64; 0 for the root, ``UNREACHABLE_DEPTH`` for nodes not
         linked to the root.
+    jumps : tuple of torch.Tensor
+        Pointer-jumping table, ``num_jump_rounds(num_nodes)`` tensors ``[batch_size,
+        num_nodes]`` int64: ``jumps[k][b, v]`` is the ``2**k``-th ancestor of v, or the last
+        ancestor on the way (nodes without a parent point to themselves). Path reductions
+        (survival products, running minima) reuse it instead of re-jumping.
     """
 
     parent: torch.Tensor  # [batch_size, num_nodes]
     depth: torch.Tensor  # [batch_size, num_nodes]
+    jumps: tuple = ()  # num_jump_rounds(num_nodes) x [batch_size, num_nodes]
 
     @property
     def batch_size(self) -> int:
@@ -180,7 +187,9 @@ class TreeTopology:
         has_parent = parent >= 0
         jump = torch.where(has_parent, parent, self_idx)
         dist = has_parent.to(torch.int64)
+        jumps = []
         for _ in range(num_jump_rounds(n)):
+            jumps.append(jump)
             dist = dist + dist.gather(1, jump)
             jump = jump.gather(1, jump)
         # ``jump`` is now the top of each node's ancestor chain.
@@ -189,7 +198,7 @@ class TreeTopology:
         clean_parent = torch.where(
             reachable & has_parent, parent, torch.full_like(parent, NO_PARENT)
         )
-        return cls(parent=clean_parent, depth=depth)
+        return cls(parent=clean_parent, depth=depth, jumps=tuple(jumps))
 
     @classmethod
     def from_retrive(
@@ -228,8 +237,48 @@ class TreeTopology:
         [[-1, 0, 1]]
         """
         idx = torch.arange(num_nodes, device=device, dtype=torch.int64)
-        parent = (idx - 1).expand(batch_size, num_nodes).clone()
-        return cls(parent=parent, depth=idx.expand(batch_size, num_nodes).clone())
+        return cls.from_parents((idx - 1).expand(batch_size, num_nodes))
+
+
+def path_reduce(
+    values: torch.Tensor,  # [batch_size, num_nodes]
+    topology: TreeTopology,
+    op: str,
+) -> torch.Tensor:  # [batch_size, num_nodes]
+    """Reduce ``values`` over each node's root path (the node and all its ancestors).
+
+    Uses the topology's pointer-jumping table: ``num_jump_rounds(num_nodes)`` gathers.
+
+    Parameters
+    ----------
+    values : torch.Tensor
+        ``[batch_size, num_nodes]``. Nodes without a parent point to themselves in the jump
+        table, so their value must be the identity of ``op`` (0 for ``"sum"``, ``+inf`` for
+        ``"min"``), or NaN for detached nodes whose results are discarded.
+    topology : TreeTopology
+    op : {"sum", "min"}
+
+    Returns
+    -------
+    torch.Tensor
+        ``[batch_size, num_nodes]`` path sums or path minima.
+
+    Examples
+    --------
+    >>> topo = TreeTopology.from_parents(torch.tensor([[-1, 0, 1, 1]]))
+    >>> path_reduce(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), topo, "sum").tolist()
+    [[0.0, 1.0, 3.0, 4.0]]
+    """
+    jumps = topology.jumps or TreeTopology.from_parents(topology.parent).jumps
+    if op == "sum":
+        for jump in jumps:
+            values = values + values.gather(1, jump)
+    elif op == "min":
+        for jump in jumps:
+            values = torch.minimum(values, values.gather(1, jump))
+    else:
+        raise ValueError(f"path_reduce: unknown op {op!r}")
+    return values
 
 
 def parents_from_retrive(
@@ -390,12 +439,14 @@ def ancestor_mask(
     parent = parent.to(torch.int64)
     bs, n = parent.shape
     device = parent.device
-    eye = torch.eye(n, dtype=torch.bool, device=device).expand(bs, n, n)
     rows = torch.zeros((bs, n + 1, n), dtype=torch.bool, device=device)  # row n: sink
-    rows[:, :n] = eye
+    rows[:, :n] = torch.eye(n, dtype=torch.bool, device=device)
     jump = _with_sentinel(_links_to_sentinel(parent, n), n)  # [bs, n + 1]
+    # Row gathers as one index_select over the flattened rows (much faster than gather).
+    offset = (torch.arange(bs, device=device, dtype=torch.int64) * (n + 1)).unsqueeze(1)
     for _ in range(num_jump_rounds(n) + 1):
-        rows = rows | rows.gather(1, jump.unsqueeze(-1).expand(bs, n + 1, n))
+        picked = rows.view(bs * (n + 1), n).index_select(0, (jump + offset).view(-1))
+        rows = rows | picked.view(bs, n + 1, n)
         jump = jump.gather(1, jump)
     return rows[:, :n]
 
@@ -589,29 +640,42 @@ def compact_tree(
     draft_token = draft_token.reshape(bs * n)
     positions = positions.reshape(bs * n)
 
-    counts64 = keep.sum(dim=1)
+    keep64 = keep.to(torch.int64)
+    counts64 = keep64.sum(dim=1)
+    total = counts64.sum()
     qo_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
     qo_indptr[1:] = torch.cumsum(counts64, dim=0)
+    node = torch.arange(n, device=device, dtype=torch.int64)
 
-    # Padded layout: stable partition (kept first, then pruned; ascending inside each group).
-    partition = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
-    local = torch.cumsum(keep.to(torch.int64), dim=1) - 1
+    # Padded layout: stable partition (kept first, then pruned; ascending inside each group),
+    # built by scattering each node to its slot (no sort).
+    local = torch.cumsum(keep64, dim=1) - 1
+    pruned_slot = counts64.unsqueeze(1) + torch.cumsum(1 - keep64, dim=1) - 1
+    slot = torch.where(keep, local, pruned_slot)
+    partition = torch.empty_like(slot).scatter_(1, slot, node.expand(bs, n))
     local_index = torch.where(keep, local, torch.full_like(local, NOT_KEPT))
+    slot_kept = node.unsqueeze(0) < counts64.unsqueeze(1)
 
-    # Ragged rows: the same stable partition over the flat full layout.
+    # Ragged rows: kept nodes request-major (qo_indptr[b] + local), then the pruned ones.
     flat_keep = keep.reshape(-1)
-    flat_order = torch.argsort((~flat_keep).to(torch.int8), stable=True)
+    kept_pos = (qo_indptr[:-1].to(torch.int64).unsqueeze(1) + local).reshape(-1)
+    pruned_pos = total + torch.cumsum(1 - keep64.reshape(-1), dim=0) - 1
+    flat_pos = torch.where(flat_keep, kept_pos, pruned_pos)
+    flat_ids = torch.arange(bs * n, device=device, dtype=torch.int64)
+    flat_order = torch.empty_like(flat_ids).scatter_(0, flat_pos, flat_ids)
     if num_tokens is None:
-        num_tokens = int(counts64.sum().item())
+        num_tokens = int(total.item())
     if num_tokens > bs * n:
         extra = torch.zeros(num_tokens - bs * n, dtype=flat_order.dtype, device=device)
         flat_order = torch.cat([flat_order, extra])
     flat_order = flat_order[:num_tokens]
-    is_row = torch.arange(num_tokens, device=device) < counts64.sum()
+    is_row = torch.arange(num_tokens, device=device) < total
     kept_index = torch.where(is_row, flat_order, torch.full_like(flat_order, PAD_INDEX))
     safe = torch.where(is_row, flat_order, torch.zeros_like(flat_order))
-    c_tokens = torch.where(is_row, draft_token[safe], torch.zeros_like(draft_token[safe]))
-    c_positions = torch.where(is_row, positions[safe], torch.zeros_like(positions[safe]))
+    g_tokens = draft_token.index_select(0, safe)
+    g_positions = positions.index_select(0, safe)
+    c_tokens = torch.where(is_row, g_tokens, torch.zeros_like(g_tokens))
+    c_positions = torch.where(is_row, g_positions, torch.zeros_like(g_positions))
 
     # Links: cut in the full layout, then renumber to local indices.
     cut_nt, cut_ns = cut_links(retrive_next_token, retrive_next_sibling, keep)
@@ -620,20 +684,28 @@ def compact_tree(
     ns_local = local_s.gather(1, _links_to_sentinel(cut_ns, n))
     padded_nt = nt_local.gather(1, partition)
     padded_ns = ns_local.gather(1, partition)
-    slot_kept = torch.arange(n, device=device).unsqueeze(0) < counts64.unsqueeze(1)
     padded_nt = torch.where(slot_kept, padded_nt, torch.full_like(padded_nt, NO_LINK))
     padded_ns = torch.where(slot_kept, padded_ns, torch.full_like(padded_ns, NO_LINK))
-    retrive_index = (
-        torch.arange(bs, device=device, dtype=torch.int64).unsqueeze(1) * n
-        + torch.arange(n, device=device, dtype=torch.int64).unsqueeze(0)
-    )
+    retrive_index = torch.arange(bs, device=device, dtype=torch.int64).unsqueeze(1) * n + node
 
     if tree_block is None:
-        tree_block = ancestor_mask(TreeTopology.from_retrive(retrive_next_token, retrive_next_sibling).parent)
-    tree_block = tree_block.to(torch.bool)
-    rows = tree_block.gather(1, partition.unsqueeze(-1).expand(bs, n, n))
-    block = rows.gather(2, partition.unsqueeze(1).expand(bs, n, n))
-    block = block & slot_kept.unsqueeze(2) & slot_kept.unsqueeze(1)
+        # Ancestor block of the compacted trees straight from their re-indexed parents.
+        parent = TreeTopology.from_retrive(retrive_next_token, retrive_next_sibling).parent
+        parent_local = _with_sentinel(local_index, NO_PARENT).gather(1, _links_to_sentinel(parent, n))
+        padded_parent = parent_local.gather(1, partition)
+        padded_parent = torch.where(slot_kept, padded_parent, torch.full_like(padded_parent, NO_PARENT))
+        block = ancestor_mask(padded_parent) & slot_kept.unsqueeze(1)
+    else:
+        # block[b, i, j] = tree_block[b, partition[b, i], partition[b, j]] for kept slots,
+        # False elsewhere: pad slots point at an all-False sentinel row/column (index n);
+        # rows, then columns, are each one index_select over flattened rows.
+        tb = torch.zeros((bs, n + 1, n + 1), dtype=torch.bool, device=device)
+        tb[:, :n, :n] = tree_block
+        part_s = torch.where(slot_kept, partition, torch.full_like(partition, n))
+        flat_rows = (part_s + torch.arange(bs, device=device).unsqueeze(1) * (n + 1)).view(-1)
+        rows = tb.view(bs * (n + 1), n + 1).index_select(0, flat_rows).view(bs, n, n + 1)
+        cols = rows.transpose(1, 2).reshape(bs * (n + 1), n).index_select(0, flat_rows)
+        block = cols.view(bs, n, n).transpose(1, 2).contiguous()
 
     return CompactTree(
         counts=counts64.to(torch.int32),
@@ -650,28 +722,6 @@ def compact_tree(
         cut_next_token=cut_nt,
         cut_next_sibling=cut_ns,
     )
-
-
-def _full_mask_geometry(
-    counts: torch.Tensor,  # [batch_size]
-    seq_lens: torch.Tensor,  # [batch_size]
-    width: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """mask_indptr [bs + 1], flat index of every tree cell [bs, width, width], cell validity."""
-    q = counts.to(torch.int64)
-    p = seq_lens.to(torch.int64)
-    row_len = p + q
-    mask_indptr = torch.zeros(q.shape[0] + 1, dtype=torch.int64, device=q.device)
-    mask_indptr[1:] = torch.cumsum(q * row_len, dim=0)
-    r = torch.arange(width, device=q.device, dtype=torch.int64)
-    cell = (
-        mask_indptr[:-1].view(-1, 1, 1)
-        + r.view(1, -1, 1) * row_len.view(-1, 1, 1)
-        + p.view(-1, 1, 1)
-        + r.view(1, 1, -1)
-    )
-    valid = (r.view(1, -1, 1) < q.view(-1, 1, 1)) & (r.view(1, 1, -1) < q.view(-1, 1, 1))
-    return mask_indptr, cell, valid
 
 
 def build_full_mask(
@@ -696,7 +746,8 @@ def build_full_mask(
     seq_lens : torch.Tensor
         ``[batch_size]`` committed KV length before the step (drafts excluded).
     mask_len : int, optional
-        Host-known total length; read back from the device when omitted (one host sync).
+        Host-known total length; read back from the device when omitted. The number of tree
+        cells is data-dependent, so this function syncs with the host once either way.
 
     Returns
     -------
@@ -716,15 +767,32 @@ def build_full_mask(
     ([1, 1, 1, 0, 1, 1, 1, 1], [0, 8])
     """
     bs, width, _ = tree_block.shape
-    mask_indptr, cell, valid = _full_mask_geometry(counts, seq_lens, width)
+    device = tree_block.device
+    q = counts.to(device=device, dtype=torch.int64)
+    p = seq_lens.to(device=device, dtype=torch.int64)
+    row_len = p + q
+    mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=device)
+    mask_indptr[1:] = torch.cumsum(q * row_len, dim=0)
+    # Only the sum_b q_b^2 tree cells are written (prefix columns stay True); they are
+    # enumerated as a ragged range, so the work is O(sum q_b^2), not O(bs * width^2).
+    qq = q * q
+    num_cells_t = qq.sum()
     if mask_len is None:
-        mask_len = int(mask_indptr[-1].item())
-    mask = torch.ones(mask_len, dtype=torch.bool, device=tree_block.device)
-    sink = torch.full_like(cell, mask_len)
-    idx = torch.where(valid, cell, sink).reshape(-1)
-    padded = torch.cat([mask, mask.new_ones(1)])
-    padded.scatter_(0, idx, tree_block.to(torch.bool).reshape(-1))
-    return padded[:mask_len], mask_indptr
+        mask_len, num_cells = (int(x) for x in torch.stack([mask_indptr[-1], num_cells_t]).tolist())
+    else:
+        num_cells = int(num_cells_t.item())
+    mask = torch.ones(mask_len, dtype=torch.bool, device=device)
+    b_i = torch.repeat_interleave(torch.arange(bs, device=device), qq, output_size=num_cells)
+    cell_start = torch.cumsum(qq, dim=0) - qq
+    local = torch.arange(num_cells, device=device, dtype=torch.int64) - cell_start.index_select(0, b_i)
+    q_i = q.index_select(0, b_i)
+    r_i = torch.div(local, q_i, rounding_mode="floor")
+    c_i = local - r_i * q_i
+    base = (mask_indptr[:-1] + p).index_select(0, b_i)
+    cell = base + r_i * row_len.index_select(0, b_i) + c_i
+    flat_block = tree_block.to(torch.bool).reshape(-1)
+    mask.scatter_(0, cell, flat_block.index_select(0, (b_i * width + r_i) * width + c_i))
+    return mask, mask_indptr
 
 
 def tree_block_from_full_mask(
@@ -756,8 +824,16 @@ def tree_block_from_full_mask(
     >>> tree_block_from_full_mask(m, torch.tensor([2]), 2)[0].int().tolist()
     [[1, 0], [1, 1]]
     """
-    counts = torch.full_like(seq_lens, num_nodes)
-    _, cell, _ = _full_mask_geometry(counts, seq_lens, num_nodes)
+    n = num_nodes
+    p = seq_lens.to(torch.int64)
+    row_len = p + n
+    start = torch.cumsum(n * row_len, dim=0) - n * row_len  # exclusive offsets
+    r = torch.arange(n, device=p.device, dtype=torch.int64)
+    cell = (
+        (start + p).view(-1, 1, 1)
+        + r.view(1, -1, 1) * row_len.view(-1, 1, 1)
+        + r.view(1, 1, -1)
+    )
     return custom_mask.reshape(-1)[cell].to(torch.bool)
 
 

@@ -203,3 +203,15 @@ def test_top_sums_are_prefix_sums_of_sorted_scores():
         ks = [rng.randint(0, bs * k) for _ in range(4)]
         got = top_sums(rank_chain(t), torch.tensor(ks)).tolist()
         assert all(abs(g - sum(flat[:q])) < 1e-6 for g, q in zip(got, ks))
+
+
+def test_empty_batch_and_rootless_candidates():
+    plan = choose(torch.zeros(0, 3), None, mode=0.5)
+    assert plan.budget == 0 and plan.keep_lens.shape == (0,)
+    assert float(plan.expected_accepted) == 0.0
+    topo = TreeTopology.from_parents(torch.full((0, 4), -1))
+    assert choose(torch.ones(0, 4), None, mode="off", topology=topo).keep_mask.shape == (0, 4)
+    # Trees that are only a root: nothing to keep, the root stays.
+    topo = TreeTopology.from_parents(torch.full((2, 1), -1))
+    plan = choose(torch.ones(2, 1), None, mode="off", topology=topo)
+    assert plan.budget == 0 and plan.keep_mask.tolist() == [[True], [True]]
