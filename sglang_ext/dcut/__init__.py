@@ -128,5 +128,6 @@ __all__ = [
     "smallest_fitting_tier",
     "tier_keep_counts",
     "top_sums",
+    "tree_block_from_full_mask",
     "tree_survival",
 ]

@@ -11,6 +11,9 @@ the kept set is ancestor-closed (a prefix per chain, a rooted subtree per tree) 
 input, and that ineligible nodes take their descendants with them. Ineligible candidates are
 never kept, so the number kept can be below the budget.
 
+Scores are ranked as float32 (survival scores are float32 throughout D-Cut); expected-value
+sums are accumulated in float64.
+
 One :class:`Ranking` is computed per step and shared by the tier choice (prefix sums of the
 sorted scores) and the selection. See ``tree.py`` for the glossary of shape names.
 """

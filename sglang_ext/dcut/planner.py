@@ -29,7 +29,6 @@ from sglang_ext.dcut.cost_table import CostTable
 from sglang_ext.dcut.tiers import (
     DEFAULT_TIERS,
     FALLBACK_RATIO,
-    NO_TIER,
     as_fraction,
     best_utility_index,
     keep_count,
