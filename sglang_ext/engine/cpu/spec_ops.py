@@ -330,9 +330,15 @@ def fill_accept_out_cache_loc_cpu(
 
 
 def _byte_rows(address: int, num_rows: int, row_bytes: int) -> torch.Tensor:
-    """A ``[num_rows, row_bytes]`` uint8 tensor aliasing memory at ``address`` (no copy)."""
+    """A ``[num_rows, row_bytes / w]`` tensor aliasing memory at ``address`` (no copy), with the
+    widest integer word ``w`` in {8, 4, 2, 1} bytes that divides both ``row_bytes`` and
+    ``address`` (wide words make the row copy several times faster than bytes)."""
     buffer = (ctypes.c_uint8 * (num_rows * row_bytes)).from_address(address)
-    return torch.frombuffer(buffer, dtype=torch.uint8).view(num_rows, row_bytes)
+    rows = torch.frombuffer(buffer, dtype=torch.uint8).view(num_rows, row_bytes)
+    for word, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
+        if row_bytes % word == 0 and address % word == 0:
+            return rows.view(dtype)
+    return rows
 
 
 def copy_all_layer_kv_cache_cpu(
@@ -368,7 +374,7 @@ def copy_all_layer_kv_cache_cpu(
     num_rows = int(torch.maximum(tgt.max(), src.max())) + 1
     for address, row_bytes in zip(data_ptrs.tolist(), strides.tolist()):
         rows = _byte_rows(int(address), num_rows, int(row_bytes))
-        rows[tgt] = rows[src]
+        rows.index_copy_(0, tgt, rows.index_select(0, src))  # gather all before scatter
 
 
 # ----------------------------------------------------------------------------- draft tree
@@ -513,7 +519,8 @@ def build_tree_kernel_efficient_cpu(
         if not bool(walking.any()):
             break
         node_depth += walking
-        rows |= (node.unsqueeze(2) == node_ids.view(1, 1, n)) & walking.unsqueeze(2)
+        # A stopped walk keeps `node` on its last marked node, so re-marking it is harmless.
+        rows.scatter_(2, node.unsqueeze(2), True)
         up = torch.gather(parent_of_node, 1, node)
         walking &= up > ROOT_NODE
         node = torch.where(walking, up, node)
@@ -522,23 +529,21 @@ def build_tree_kernel_efficient_cpu(
     )  # [bs, n]
     positions.view(-1)[: bs * n].copy_((depth_all + seq_len.unsqueeze(1)).reshape(-1))
 
-    # Scatter the n x n blocks into the flat mask.
+    # Copy each request's n x n block into the flat mask (a strided window of it).
+    flat_mask = _flat_view(tree_mask, "tree_mask")
+    block = block.to(tree_mask.dtype)
     if mode == TREE_MASK_FULL:
         seq_len_indptr = _exclusive_indptr(seq_len)  # [bs + 1]
-        base = torch.arange(bs, device=device) * n * n + seq_len_indptr[:-1] * n  # [bs]
-        row_start = (
-            base.view(bs, 1)
-            + (seq_len.view(bs, 1) + n) * node_ids.view(1, n)
-            + seq_len.view(bs, 1)
-        )  # [bs, n]
+        seq_lens = seq_len.tolist()
+        block_starts = (
+            torch.arange(bs, device=device) * n * n + seq_len_indptr[:-1] * n + seq_len
+        ).tolist()
+        for b in range(bs):
+            row_stride = seq_lens[b] + n
+            window = flat_mask[block_starts[b] : block_starts[b] + (n - 1) * row_stride + n]
+            window.as_strided((n, n), (row_stride, 1)).copy_(block[b])
     else:
-        row_start = (torch.arange(bs, device=device) * n * n).view(bs, 1) + n * node_ids.view(
-            1, n
-        )
-    cells = row_start.unsqueeze(2) + node_ids.view(1, 1, n)  # [bs, n, n]
-    _flat_view(tree_mask, "tree_mask")[cells.reshape(-1)] = block.reshape(-1).to(
-        tree_mask.dtype
-    )
+        flat_mask[: bs * n * n].view(bs, n, n).copy_(block)
 
 
 def verify_tree_greedy_cpu(
