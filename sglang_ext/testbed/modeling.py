@@ -72,7 +72,7 @@ class ModelShape:
         return self.hidden_size // self.num_heads
 
 
-QUICK_SHAPE = ModelShape(hidden_size=64, num_layers=6, num_heads=2, intermediate_size=128,
+QUICK_SHAPE = ModelShape(hidden_size=64, num_layers=8, num_heads=2, intermediate_size=128,
                          draft_intermediate_size=128)
 
 
@@ -81,10 +81,15 @@ def aux_layer_ids(num_layers: int) -> List[int]:
 
     Examples
     --------
+    SGLang captures each listed layer once, so the three must be distinct: ``L >= 7``.
+
     >>> aux_layer_ids(8)
     [2, 4, 5]
     """
-    return [2, num_layers // 2, num_layers - 3]
+    ids = [2, num_layers // 2, num_layers - 3]
+    if len(set(ids)) != 3:
+        raise ValueError(f"EAGLE3 needs >= 7 target layers (capture layers {ids} collide)")
+    return ids
 
 
 def target_config(shape: ModelShape):

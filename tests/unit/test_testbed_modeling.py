@@ -168,6 +168,8 @@ def test_checkpoint_layout_and_round_trip(tmp_path):
 def test_aux_layers():
     assert aux_layer_ids(8) == [2, 4, 5]
     assert aux_layer_ids(36) == [2, 18, 33]
+    with pytest.raises(ValueError):
+        aux_layer_ids(6)
 
 
 def test_ttt_labels_shift():
