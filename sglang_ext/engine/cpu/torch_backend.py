@@ -115,14 +115,20 @@ HOOK_DRAFT_BACKEND_FACTORY = "sglang.srt.speculative.draft_utils.DraftBackendFac
 NO_SLIDING_WINDOW = -1  # RadixAttention.sliding_window_size when the layer has none
 
 
-def _host_list(cpu_values, device_values: Optional[torch.Tensor], n: int) -> List[int]:
-    """First ``n`` values as ints, from the host mirror when present (no device sync)."""
-    if cpu_values is not None:
-        values = cpu_values.tolist() if isinstance(cpu_values, torch.Tensor) else list(cpu_values)
-    elif device_values is not None:
+def _host_list(device_values: Optional[torch.Tensor], cpu_values, n: int) -> List[int]:
+    """First ``n`` lengths as ints.
+
+    The device tensor is authoritative (it is what SGLang's tree builder and the Triton backend
+    read; a host mirror can lag it in some scheduler paths); the host mirror is used only when
+    the tensor is absent. On CPU ``.tolist()`` costs nothing; on GPU it is one sync per forward,
+    acceptable for an oracle backend.
+    """
+    if device_values is not None:
         values = device_values.tolist()
+    elif cpu_values is not None:
+        values = cpu_values.tolist() if isinstance(cpu_values, torch.Tensor) else list(cpu_values)
     else:
-        raise ValueError("neither a host list nor a tensor of lengths was given")
+        raise ValueError("neither a tensor nor a host list of lengths was given")
     return [int(x) for x in values[:n]]
 
 
@@ -130,7 +136,7 @@ def _target_verify_q_lens(spec_info, batch_size: int) -> List[int]:
     """Rows per request of a TARGET_VERIFY forward (ragged layout, else uniform)."""
     layout = getattr(spec_info, "ragged_verify_layout", None)
     if layout is not None:
-        q_lens = _host_list(layout.verify_lens_cpu, layout.verify_lens, batch_size)
+        q_lens = _host_list(layout.verify_lens, layout.verify_lens_cpu, batch_size)
         if len(q_lens) != batch_size:
             raise ValueError(f"ragged_verify_layout has {len(q_lens)} requests, batch has {batch_size}")
         return q_lens
@@ -183,18 +189,18 @@ class TorchSDPABackend(AttentionBackend):
         if mode.is_idle() or bs == 0:
             return empty_plan(self.device)
         if mode.is_decode():
-            seq_lens = _host_list(forward_batch.seq_lens_cpu, forward_batch.seq_lens, bs)
+            seq_lens = _host_list(forward_batch.seq_lens, forward_batch.seq_lens_cpu, bs)
             return plan_decode(r2t, rp, seq_lens)
         if mode.is_target_verify():
             spec_info = forward_batch.spec_info
-            seq_lens = _host_list(forward_batch.seq_lens_cpu, forward_batch.seq_lens, bs)
+            seq_lens = _host_list(forward_batch.seq_lens, forward_batch.seq_lens_cpu, bs)
             q_lens = _target_verify_q_lens(spec_info, bs)
             return plan_target_verify(r2t, rp, seq_lens, q_lens, spec_info.custom_mask)
         if not (mode.is_extend() or mode.is_draft_extend_v2()) or mode.is_dllm_extend() or mode.is_split_prefill():
             raise NotImplementedError(f"{BACKEND_NAME}: forward mode {mode.name} is not supported")
         # EXTEND, MIXED (run as extend), DRAFT_EXTEND_V2
-        prefix = _host_list(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_prefix_lens, bs)
-        extend = _host_list(forward_batch.extend_seq_lens_cpu, forward_batch.extend_seq_lens, bs)
+        prefix = _host_list(forward_batch.extend_prefix_lens, forward_batch.extend_prefix_lens_cpu, bs)
+        extend = _host_list(forward_batch.extend_seq_lens, forward_batch.extend_seq_lens_cpu, bs)
         return plan_extend(r2t, rp, prefix, extend)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
@@ -306,7 +312,7 @@ class TorchSDPAMultiStepDraftBackend:
             for child in self.attn_backends:
                 child.forward_metadata = empty_plan(self.device)
             return
-        seq_lens = _host_list(forward_batch.seq_lens_cpu, forward_batch.seq_lens, bs)
+        seq_lens = _host_list(forward_batch.seq_lens, forward_batch.seq_lens_cpu, bs)
         r2t = self.req_to_token_pool.req_to_token
         for step, child in enumerate(self.attn_backends):
             child.forward_metadata = plan_draft_decode(
