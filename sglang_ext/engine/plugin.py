@@ -191,16 +191,16 @@ def _around_create_worker(original_fn, self, server_args, *args, **kwargs):
 
 # ----------------------------------------------------------------------------- CPU + triton tree mask
 def _triton_attention_on_cpu() -> bool:
-    from sglang.srt.runtime_context import get_exec
+    from sglang.srt.runtime_context import attention_backends
     from sglang.srt.utils.common import is_cpu
 
     if not is_cpu():
         return False
     try:
-        backend = get_exec().attention_backend
-    except Exception:  # no runtime context in this process (e.g. the HTTP server)
+        backends = attention_backends()  # (prefill, decode), resolved
+    except Exception:  # no runtime context published in this process (e.g. the HTTP server)
         return False
-    return backend == "triton"
+    return "triton" in backends
 
 
 def _around_default_tree_mask_mode(original_fn, *args, **kwargs):

@@ -2,8 +2,9 @@
 
 * a Llama target (``LlamaForCausalLM``, HF format, fp32) with the project tokenizer
   (:mod:`sglang_ext.testbed.tokenizer`: Qwen3-style chat template, ``<think>``/``</think>``);
-* an EAGLE3 draft in SGLang's ``LlamaForCausalLMEagle3`` checkpoint format, random or
-  briefly fitted to the target's own greedy continuations (:func:`fit_draft_to_target`) so
+* an EAGLE3 draft in SGLang's stock ``LlamaForCausalLMEagle3`` checkpoint format (the
+  testbed's :class:`~sglang_ext.testbed.modeling.Eagle3Draft` without SpecExit rows), random
+  or briefly fitted to the target's own greedy continuations (:func:`fit_draft_to_target`) so
   that speculative runs actually accept drafts.
 
 Everything is deterministic given the seed. Used by the integration tests (issue 2) and as
@@ -81,55 +82,23 @@ def build_tiny_target(out_dir: str, seed: int = 0) -> str:
     return out_dir
 
 
-def eagle3_draft_config(target_dir: str) -> dict:
-    """Config of a one-layer EAGLE3 draft for ``target_dir`` (SGLang ``LlamaForCausalLMEagle3``)."""
-    with open(os.path.join(target_dir, "config.json")) as f:
-        t = json.load(f)
-    cfg = {k: t[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
-                             "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings",
-                             "rms_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id")}
-    cfg["rope_parameters"] = t.get("rope_parameters") or {"rope_theta": t.get("rope_theta", 10000.0),
-                                                          "rope_type": "default"}
-    cfg.update({
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "num_hidden_layers": 1,
-        "tie_word_embeddings": False,
-        "draft_vocab_size": t["vocab_size"],
-        "target_hidden_size": t["hidden_size"],
-        "torch_dtype": "float32",
-    })
+def _tiny_draft_config(target):
+    from sglang_ext.testbed.modeling import DraftConfig
+
+    tc = target.config
+    rp = getattr(tc, "rope_parameters", None) or {}
+    return DraftConfig(tc.hidden_size, tc.num_attention_heads, tc.intermediate_size, tc.vocab_size,
+                       tc.num_hidden_layers, tc.max_position_embeddings, float(rp.get("rope_theta", 10000.0)),
+                       tc.rms_norm_eps, num_signals=0)
+
+
+def stock_eagle3_config(dcfg) -> dict:
+    """Draft ``config.json`` for SGLang's stock ``LlamaForCausalLMEagle3`` (no SpecExit rows)."""
+    cfg = dcfg.hf_config()
+    cfg["architectures"] = ["LlamaForCausalLMEagle3"]
+    cfg.pop("specexit_method", None)
+    cfg["specexit_num_signals"] = 0
     return cfg
-
-
-def random_eagle3_draft_state(cfg: dict, target_state: dict, seed: int = 0) -> dict:
-    """Random EAGLE3 draft weights (checkpoint names as SGLang loads them); embeddings copied
-    from the target."""
-    g = torch.Generator().manual_seed(seed)
-    H, I = cfg["hidden_size"], cfg["intermediate_size"]
-    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    Ht = cfg["target_hidden_size"]
-
-    def w(*shape):
-        return torch.randn(*shape, generator=g) * 0.05
-
-    return {
-        "fc.weight": w(H, 3 * Ht),
-        "midlayer.input_layernorm.weight": torch.ones(H),
-        "midlayer.hidden_norm.weight": torch.ones(H),
-        "midlayer.post_attention_layernorm.weight": torch.ones(H),
-        "midlayer.self_attn.q_proj.weight": w(nh * hd, 2 * H),
-        "midlayer.self_attn.k_proj.weight": w(nkv * hd, 2 * H),
-        "midlayer.self_attn.v_proj.weight": w(nkv * hd, 2 * H),
-        "midlayer.self_attn.o_proj.weight": w(H, nh * hd),
-        "midlayer.mlp.gate_proj.weight": w(I, H),
-        "midlayer.mlp.up_proj.weight": w(I, H),
-        "midlayer.mlp.down_proj.weight": w(H, I),
-        "norm.weight": torch.ones(H),
-        "lm_head.weight": w(cfg["draft_vocab_size"], H),
-        "embed_tokens.weight": target_state["model.embed_tokens.weight"].clone(),
-        "d2t": torch.zeros(cfg["draft_vocab_size"], dtype=torch.long),
-    }
 
 
 def save_draft(out_dir: str, cfg: dict, state: dict) -> str:
@@ -142,12 +111,16 @@ def save_draft(out_dir: str, cfg: dict, state: dict) -> str:
     return out_dir
 
 
-def build_tiny_models(out_dir: str, seed: int = 0, fit_draft: Optional[dict] = None) -> TinyModels:
+def build_tiny_models(out_dir: str, seed: int = 0, fit_steps: int = 0) -> TinyModels:
     """Build (or reuse, when already complete) the tiny target + EAGLE3 draft under ``out_dir``.
 
-    ``fit_draft``: keyword arguments for :func:`fit_draft_to_target`, or None for a random draft.
+    ``fit_steps`` > 0 fits the draft to the target's own greedy continuations for that many
+    optimizer steps (:func:`fit_draft_to_target`); 0 leaves it random (initialised from the
+    target's LM head).
     """
-    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from sglang_ext.testbed.modeling import Eagle3Draft
 
     target_dir = os.path.join(out_dir, "target")
     draft_dir = os.path.join(out_dir, "draft")
@@ -155,20 +128,73 @@ def build_tiny_models(out_dir: str, seed: int = 0, fit_draft: Optional[dict] = N
     if os.path.exists(done):
         return TinyModels(target=target_dir, draft=draft_dir)
     build_tiny_target(target_dir, seed=seed)
-    cfg = eagle3_draft_config(target_dir)
-    target_state = load_file(os.path.join(target_dir, "model.safetensors"))
-    state = random_eagle3_draft_state(cfg, target_state, seed=seed + 1)
-    if fit_draft is not None:
-        state = fit_draft_to_target(target_dir, cfg, state, **fit_draft)
-    save_draft(draft_dir, cfg, state)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    dcfg = _tiny_draft_config(target)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        draft = Eagle3Draft(dcfg, target.get_input_embeddings().weight)
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(target.lm_head.weight)
+    if fit_steps > 0:
+        fit_draft_to_target(target, draft, steps=fit_steps, seed=seed)
+    save_draft(draft_dir, stock_eagle3_config(dcfg), draft.sglang_state_dict())
     with open(done, "w") as f:
         f.write("ok\n")
     return TinyModels(target=target_dir, draft=draft_dir)
 
 
-def fit_draft_to_target(target_dir: str, cfg: dict, state: dict, **kwargs) -> dict:
-    """Briefly fit the EAGLE3 draft to the target's own greedy continuations (see
-    :mod:`sglang_ext.testbed.train_draft`)."""
-    from sglang_ext.testbed.train_draft import fit_eagle3_draft_quick
+def corpus_prompts(vocab_size: int, num_prompts: int, prompt_len: int, seed: int) -> torch.Tensor:
+    """The random prompts (non-special token ids) the tiny draft is fitted on.
 
-    return fit_eagle3_draft_quick(target_dir, cfg, state, **kwargs)
+    Returns ``# [num_prompts, prompt_len]`` token ids; the first ``n`` rows for a given seed are
+    the same whatever ``num_prompts``.
+    """
+    from sglang_ext.testbed.tokenizer import build_tokenizer
+
+    first_regular = len(build_tokenizer().all_special_ids) + 2  # skip special and think tokens
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(first_regular, vocab_size, (prompt_len,), generator=g) for _ in range(num_prompts)]
+    return torch.stack(rows)
+
+
+def greedy_corpus(target, num_prompts: int, prompt_len: int, gen_len: int, seed: int) -> torch.Tensor:
+    """:func:`corpus_prompts` and the target's greedy continuations.
+
+    Returns ``# [num_prompts, prompt_len + gen_len]`` token ids.
+    """
+    prompts = corpus_prompts(target.config.vocab_size, num_prompts, prompt_len, seed)
+    with torch.no_grad():
+        out = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=gen_len,
+                              min_new_tokens=gen_len, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out
+
+
+def fit_draft_to_target(target, draft, steps: int, seed: int = 0, num_prompts: int = 64, prompt_len: int = 4,
+                        gen_len: int = 40, batch_size: int = 16, lr: float = 3e-3, ttt_steps: int = 3) -> list:
+    """Briefly fit an EAGLE3 draft to the target's own greedy continuations (training-time test
+    over ``ttt_steps`` chain steps), so that speculative test runs accept drafts. Returns the losses."""
+    import torch.nn.functional as F
+
+    from sglang_ext.testbed.modeling import IGNORE_INDEX, capture_features
+    from sglang_ext.testbed.train_draft import ttt_labels
+
+    seqs = greedy_corpus(target, num_prompts, prompt_len, gen_len, seed)
+    labels = seqs.clone()
+    labels[:, :prompt_len] = IGNORE_INDEX
+    with torch.no_grad():
+        _, feats = capture_features(target, seqs)
+    opt = torch.optim.AdamW(draft.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed + 7)
+    losses = []
+    draft.train()
+    for _ in range(steps):
+        idx = torch.randint(0, seqs.shape[0], (batch_size,), generator=g)
+        logits = draft.ttt_forward(seqs[idx], feats[idx], ttt_steps)
+        loss = sum(F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1), ignore_index=IGNORE_INDEX)
+                   for lg, tg in zip(logits, ttt_labels(seqs[idx], labels[idx], ttt_steps))) / ttt_steps
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    draft.eval()
+    return losses

@@ -50,14 +50,19 @@ def hf_greedy(model_path: str, prompts_ids: Sequence[Sequence[int]], max_new_tok
     return outs
 
 
-def engine_greedy(engine, prompts_ids: Sequence[Sequence[int]], max_new_tokens: int) -> List[List[int]]:
-    outs = engine.generate(input_ids=[list(p) for p in prompts_ids],
+def engine_generate(engine, prompts_ids: Sequence[Sequence[int]], max_new_tokens: int) -> List[dict]:
+    """Greedy generation, EOS ignored; returns SGLang's output dicts (``output_ids``, ``meta_info``)."""
+    return engine.generate(input_ids=[list(p) for p in prompts_ids],
                            sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens,
                                             "ignore_eos": True})
-    return [o["output_ids"] for o in outs]
 
 
-def accept_length(engine) -> float:
-    info = engine.get_server_info()
-    states = info.get("internal_states") or [{}]
-    return float(states[0].get("avg_spec_accept_length", 0.0) or 0.0)
+def engine_greedy(engine, prompts_ids: Sequence[Sequence[int]], max_new_tokens: int) -> List[List[int]]:
+    return [o["output_ids"] for o in engine_generate(engine, prompts_ids, max_new_tokens)]
+
+
+def mean_accept_length(outputs: Sequence[dict]) -> float:
+    """Emitted tokens per verify step over a set of outputs (SGLang convention: bonus included)."""
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
+    steps = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outputs)
+    return tokens / steps if steps else 0.0

@@ -71,11 +71,11 @@ def test_eagle_worker_signatures():
 def test_tree_mask_target():
     fn, _ = _resolve("sglang.srt.speculative.eagle_utils.default_tree_mask_mode")
     assert _params(fn) == []
-    from sglang.srt.runtime_context import get_exec
+    from sglang.srt.runtime_context import attention_backends
     from sglang.srt.speculative.eagle_utils import TreeMaskMode
 
     assert {"FULL_MASK", "QLEN_ONLY"} <= set(TreeMaskMode.__members__)
-    assert callable(get_exec)
+    assert _params(attention_backends) == []
 
 
 def test_cpu_op_names_imported_by_sglang():
