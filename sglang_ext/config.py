@@ -5,8 +5,9 @@ carries its flag name, help text and parser in its ``metadata``; the CLI (``--sp
 ``--dcut*`` on ``python -m sglang.launch_server``), ``sglang.Engine(...)`` keyword arguments,
 ``--config`` YAML presets and the README flag table are all generated from it.
 
-Pure module: standard library only (the SpecExit method grammar is parsed by
-:mod:`sglang_ext.specexit.signals`, imported lazily).
+Pure module (no SGLang import). SpecExit defaults, the method grammar and the option ranges
+come from :mod:`sglang_ext.specexit` (``defaults``, ``signals``, ``overrides``) so that flags and
+per-request ``custom_params`` share one definition.
 
 Values are validated in ``__post_init__``; errors are :class:`ConfigError` whose message
 starts with the offending flag, e.g. ``--dcut-tiers: tiers must be strictly increasing``.
@@ -23,6 +24,8 @@ import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from sglang_ext.specexit import defaults as D
 
 __all__ = [
     "ConfigError",
@@ -43,11 +46,9 @@ EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN")
 DCUT_ALGORITHMS = EAGLE_FAMILY + ("DFLASH",)
 """Speculative algorithms D-Cut can prune."""
 
-SIGNAL_NAMES = ("confidence", "progress", "remain")
-SMOOTHING_CHOICES = ("ewma", "momentum", "mean", "paragraph_mean")
-SIGNAL_SOURCE_CHOICES = ("head", "draft-confidence")
-DEFAULT_STEP_SPLIT_STRINGS: Tuple[str, ...] = ("\n\n", "\n\n\n", ".\n\n", ".\n\n\n", " \n\n", " \n\n\n")
-"""Paragraph-break strings of the SpecExit reference (ALGORITHMS.md A.6)."""
+SMOOTHING_CHOICES = D.SMOOTHING_NAMES
+SIGNAL_SOURCE_CHOICES = D.SIGNAL_SOURCES
+DEFAULT_STEP_SPLIT_STRINGS: Tuple[str, ...] = D.DEFAULT_STEP_SPLIT_STRINGS
 DEFAULT_DCUT_TIERS: Tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 DCUT_OFF = "off"
 DCUT_AUTO = "auto"
@@ -196,108 +197,82 @@ def _check(cond: bool, flag: str, msg: str) -> None:
 @dataclass(frozen=True)
 class SpecExitConfig:
     """Server-wide SpecExit settings (ALGORITHMS.md Part A). Per-request overrides come from
-    ``custom_params`` and are validated by :mod:`sglang_ext.specexit.overrides`."""
+    ``custom_params`` and are validated by :mod:`sglang_ext.specexit.overrides`; :meth:`options`
+    gives the server defaults in that module's form."""
 
     enabled: bool = _f(False, "--specexit", "Enable SpecExit: end the <think> phase early when the "
                        "draft's smoothed signals say the answer is ready.", _parse_bool, store_true=True)
-    method: str = _f("confidence_progress_remain", "--specexit-method",
+    method: str = _f(D.DEFAULT_METHOD, "--specexit-method",
                      "Signals used by the exit test: any '_'-joined combination of confidence, progress, "
                      "remain (order-insensitive).", _parse_str, metavar="METHOD")
-    smoothing: str = _f("ewma", "--specexit-smoothing", "Smoother applied to each signal.", _parse_str,
-                        choices=SMOOTHING_CHOICES)
-    ewma_alpha: float = _f(0.1, "--specexit-ewma-alpha", "EWMA weight of the newest observation, in (0, 1].",
-                           _parse_float)
-    window: int = _f(10, "--specexit-window", "Window W of the momentum/mean/paragraph_mean smoothers "
-                     "(momentum needs W >= 2).", _parse_int)
-    confidence_threshold: float = _f(0.8, "--specexit-confidence-threshold",
+    smoothing: str = _f(D.DEFAULT_SMOOTHING, "--specexit-smoothing", "Smoother applied to each signal.",
+                        _parse_str, choices=SMOOTHING_CHOICES)
+    ewma_alpha: float = _f(D.DEFAULT_EWMA_ALPHA, "--specexit-ewma-alpha",
+                           "EWMA weight of the newest observation, in (0, 1].", _parse_float)
+    window: int = _f(D.DEFAULT_WINDOW, "--specexit-window", "Window W of the momentum/mean/paragraph_mean "
+                     f"smoothers (1..{D.MAX_WINDOW}; momentum needs W >= 2).", _parse_int)
+    confidence_threshold: float = _f(D.DEFAULT_CONFIDENCE_THRESHOLD, "--specexit-confidence-threshold",
                                      "Exit needs smoothed confidence > this, in [0, 1].", _parse_float)
-    progress_threshold: float = _f(0.3, "--specexit-progress-threshold",
+    progress_threshold: float = _f(D.DEFAULT_PROGRESS_THRESHOLD, "--specexit-progress-threshold",
                                    "Exit needs smoothed progress > this, in [0, 1].", _parse_float)
-    remain_threshold: float = _f(200.0, "--specexit-remain-threshold",
+    remain_threshold: float = _f(D.DEFAULT_REMAIN_THRESHOLD, "--specexit-remain-threshold",
                                  "Exit needs smoothed remaining think tokens < this (> 0).", _parse_float)
-    min_think_tokens: int = _f(0, "--specexit-min-think-tokens",
+    min_think_tokens: int = _f(D.DEFAULT_MIN_THINK_TOKENS, "--specexit-min-think-tokens",
                                "No signal-driven exit before this many thinking tokens.", _parse_int)
-    max_think_tokens: Optional[int] = _f(None, "--specexit-max-think-tokens",
+    max_think_tokens: Optional[int] = _f(D.DEFAULT_MAX_THINK_TOKENS, "--specexit-max-think-tokens",
                                          "Force the exit at the next paragraph boundary once thinking reaches "
                                          "this many tokens ('off' = no limit).", _parse_optional_int,
                                          metavar="N|off", show_default="off")
-    max_think_grace: int = _f(64, "--specexit-max-think-grace",
+    max_think_grace: int = _f(D.DEFAULT_MAX_THINK_GRACE, "--specexit-max-think-grace",
                               "After --specexit-max-think-tokens, exit without a boundary once this many more "
                               "tokens pass.", _parse_int)
-    stop_think_token: str = _f("</think>", "--specexit-stop-think-token",
+    stop_think_token: str = _f(D.DEFAULT_STOP_THINK_TOKEN, "--specexit-stop-think-token",
                                "Token forced to end thinking; must encode to exactly one token id.", _parse_str)
     step_split_tokens: Tuple[str, ...] = _f(None, "--specexit-step-split-tokens",
                                             "JSON list of paragraph-boundary strings; those that encode to one "
                                             "token form the boundary set.", _parse_string_list,
                                             default_factory=lambda: DEFAULT_STEP_SPLIT_STRINGS,
                                             metavar="JSON", show_default=json.dumps(list(DEFAULT_STEP_SPLIT_STRINGS)))
-    signal_source: str = _f("head", "--specexit-signal-source",
+    signal_source: str = _f(D.DEFAULT_SIGNAL_SOURCE, "--specexit-signal-source",
                             "Where the signals come from: the SpecExit rows of the draft's fc ('head') or the "
                             "draft's own token probabilities ('draft-confidence', confidence only, works with any "
                             "EAGLE3 draft).", _parse_str, choices=SIGNAL_SOURCE_CHOICES)
 
     def __post_init__(self):
-        _check(self.method != "", "--specexit-method", "must not be empty")
-        try:
-            signals = parse_method_words(self.method)
-        except ValueError as e:
-            raise ConfigError(f"--specexit-method: {e}") from None
-        object.__setattr__(self, "method", "_".join(signals))
-        _check(self.smoothing in SMOOTHING_CHOICES, "--specexit-smoothing",
-               f"unknown smoother {self.smoothing!r}; choose one of {', '.join(SMOOTHING_CHOICES)}")
-        _check(0.0 < self.ewma_alpha <= 1.0, "--specexit-ewma-alpha", f"must be in (0, 1], got {self.ewma_alpha}")
-        _check(self.window >= 1, "--specexit-window", f"must be >= 1, got {self.window}")
+        from sglang_ext.specexit.draft_confidence import check_signal_source
+
+        opts = self.options()  # validates every option shared with custom_params
+        object.__setattr__(self, "method", opts.method.name)
         _check(not (self.smoothing == "momentum" and self.window < 2), "--specexit-window",
                "momentum smoothing needs a window >= 2")
-        _check(0.0 <= self.confidence_threshold <= 1.0, "--specexit-confidence-threshold",
-               f"must be in [0, 1], got {self.confidence_threshold}")
-        _check(0.0 <= self.progress_threshold <= 1.0, "--specexit-progress-threshold",
-               f"must be in [0, 1], got {self.progress_threshold}")
-        _check(self.remain_threshold > 0 and math.isfinite(self.remain_threshold), "--specexit-remain-threshold",
-               f"must be a finite number > 0, got {self.remain_threshold}")
-        _check(self.min_think_tokens >= 0, "--specexit-min-think-tokens", f"must be >= 0, got {self.min_think_tokens}")
-        _check(self.max_think_tokens is None or self.max_think_tokens > 0, "--specexit-max-think-tokens",
-               f"must be > 0 or 'off', got {self.max_think_tokens}")
-        _check(self.max_think_tokens is None or self.max_think_tokens >= self.min_think_tokens,
-               "--specexit-max-think-tokens", "must be >= --specexit-min-think-tokens")
-        _check(self.max_think_grace >= 0, "--specexit-max-think-grace", f"must be >= 0, got {self.max_think_grace}")
         _check(self.stop_think_token != "", "--specexit-stop-think-token", "must not be empty")
         _check(len(self.step_split_tokens) > 0 and all(self.step_split_tokens), "--specexit-step-split-tokens",
                "must be a non-empty list of non-empty strings")
         object.__setattr__(self, "step_split_tokens", tuple(self.step_split_tokens))
-        _check(self.signal_source in SIGNAL_SOURCE_CHOICES, "--specexit-signal-source",
-               f"unknown source {self.signal_source!r}; choose one of {', '.join(SIGNAL_SOURCE_CHOICES)}")
-        if self.signal_source == "draft-confidence":
-            _check(signals == ("confidence",), "--specexit-signal-source",
-                   f"'draft-confidence' provides only the confidence signal, but --specexit-method "
-                   f"{self.method!r} asks for {', '.join(s for s in signals if s != 'confidence')}")
+        try:
+            check_signal_source(self.signal_source, opts.method)
+        except ValueError as e:
+            raise ConfigError(f"--specexit-signal-source: {e}") from None
+
+    def options(self):
+        """The server defaults as :class:`sglang_ext.specexit.overrides.SpecExitOptions`."""
+        from sglang_ext.specexit.overrides import SpecExitOptionError, SpecExitOptions
+
+        try:
+            return SpecExitOptions(enable=True, method=self.method, smoothing=self.smoothing,
+                                   ewma_alpha=self.ewma_alpha, window=self.window,
+                                   confidence_threshold=self.confidence_threshold,
+                                   progress_threshold=self.progress_threshold,
+                                   remain_threshold=self.remain_threshold, min_think_tokens=self.min_think_tokens,
+                                   max_think_tokens=self.max_think_tokens, max_think_grace=self.max_think_grace)
+        except SpecExitOptionError as e:
+            reason = str(e)[len(e.field) + 2:] if str(e).startswith(e.field + ": ") else str(e)
+            raise ConfigError(f"--specexit-{e.field.replace('_', '-')}: {reason}") from None
 
     @property
     def signals(self) -> Tuple[str, ...]:
         """Active signals in the fixed order confidence, progress, remain."""
-        return parse_method_words(self.method)
-
-
-def parse_method_words(method: str) -> Tuple[str, ...]:
-    """Signals of a SpecExit method string, in the fixed order (confidence, progress, remain).
-
-    Examples
-    --------
-    >>> parse_method_words("remain_confidence")
-    ('confidence', 'remain')
-    """
-    words = method.strip().split("_") if method.strip() else []
-    if not words:
-        raise ValueError("empty method; use a '_'-joined combination of confidence, progress, remain")
-    seen = set()
-    for w in words:
-        if w not in SIGNAL_NAMES:
-            raise ValueError(f"unknown signal {w!r} in {method!r}; use a '_'-joined combination of "
-                             f"confidence, progress, remain")
-        if w in seen:
-            raise ValueError(f"signal {w!r} repeated in {method!r}")
-        seen.add(w)
-    return tuple(s for s in SIGNAL_NAMES if s in seen)
+        return tuple(self.options().method.names)
 
 
 # ----------------------------------------------------------------------------- D-Cut

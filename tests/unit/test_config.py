@@ -1,0 +1,133 @@
+"""Extension config dataclasses: parsing, validation messages, cross-checks, token resolution.
+
+Budget: < 5 s. No sglang import.
+"""
+
+import dataclasses
+import json
+
+import pytest
+
+from sglang_ext.config import (
+    ConfigError,
+    DCutConfig,
+    SpecExitConfig,
+    check_against_server,
+    configs_from_mapping,
+    iter_flags,
+    resolve_token_ids,
+)
+
+
+def test_no_sglang_import():
+    import ast
+    import inspect
+
+    import sglang_ext.config as cfg
+
+    tree = ast.parse(inspect.getsource(cfg))
+    mods = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + [
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in mods if m and m.split(".")[0] == "sglang"]
+
+
+def test_defaults_match_the_reference_values():
+    se, dc = SpecExitConfig(), DCutConfig()
+    assert (se.enabled, se.method, se.smoothing, se.ewma_alpha, se.window) == (
+        False, "confidence_progress_remain", "ewma", 0.1, 10)
+    assert (se.confidence_threshold, se.progress_threshold, se.remain_threshold) == (0.8, 0.3, 200.0)
+    assert (se.min_think_tokens, se.max_think_tokens, se.max_think_grace) == (0, None, 64)
+    assert se.stop_think_token == "</think>" and se.signal_source == "head"
+    assert se.step_split_tokens == ("\n\n", "\n\n\n", ".\n\n", ".\n\n\n", " \n\n", " \n\n\n")
+    assert (dc.mode, dc.tiers, dc.cost_table, dc.profile_steps, dc.profile_warmup) == (
+        "off", (0.25, 0.5, 0.75, 1.0), None, 5, 3)
+    assert not dc.enabled and dc.fixed_ratio is None
+
+
+def test_flag_table_covers_every_field_once():
+    for cls in (SpecExitConfig, DCutConfig):
+        names = [n for n, _, _ in iter_flags(cls)]
+        assert names == [f.name for f in dataclasses.fields(cls)]
+    flags = [s.flag for c in (SpecExitConfig, DCutConfig) for _, s, _ in iter_flags(c)]
+    assert len(flags) == len(set(flags))
+    assert all(f.startswith("--specexit") or f.startswith("--dcut") for f in flags)
+
+
+def test_mapping_parses_strings_and_typed_values():
+    cfg = configs_from_mapping({"specexit": "true", "specexit_method": "remain_progress", "specexit_window": "4",
+                                "specexit_max_think_tokens": "off", "specexit_step_split_tokens": '["\\n\\n"]',
+                                "dcut": "0.5", "dcut_profile_batch_sizes": "1,8,16"})
+    assert cfg.specexit.enabled and cfg.specexit.method == "progress_remain" and cfg.specexit.window == 4
+    assert cfg.specexit.max_think_tokens is None and cfg.specexit.step_split_tokens == ("\n\n",)
+    assert cfg.dcut.fixed_ratio == 0.5 and cfg.dcut.profile_batch_sizes == (1, 8, 16)
+    typed = configs_from_mapping({"specexit": True, "specexit_ewma_alpha": 0.5, "dcut": "auto",
+                                  "dcut_tiers": [0.5, 1.0]})
+    assert typed.specexit.ewma_alpha == 0.5 and typed.dcut.auto and typed.dcut.tiers == (0.5, 1.0)
+    assert typed.specexit.signals == ("confidence", "progress", "remain")
+
+
+@pytest.mark.parametrize("values,flag", [
+    ({"specexit_ewma_alpha": "abc"}, "--specexit-ewma-alpha"),
+    ({"specexit_window": "2.5"}, "--specexit-window"),
+    ({"specexit_window": "300"}, "--specexit-window"),
+    ({"specexit_smoothing": "median"}, "--specexit-smoothing"),
+    ({"specexit_method": "confidence_confidence"}, "--specexit-method"),
+    ({"specexit_min_think_tokens": "10", "specexit_max_think_tokens": "5"}, "--specexit-max-think-tokens"),
+    ({"specexit_stop_think_token": ""}, "--specexit-stop-think-token"),
+    ({"specexit_step_split_tokens": "[1, 2]"}, "--specexit-step-split-tokens"),
+    ({"dcut": True}, "--dcut"),
+    ({"dcut": "nan"}, "--dcut"),
+    ({"dcut_tiers": "1.0,1.0"}, "--dcut-tiers"),
+    ({"dcut_tiers": ""}, "--dcut-tiers"),
+    ({"dcut_profile_steps": "x"}, "--dcut-profile-steps"),
+])
+def test_errors_name_the_flag(values, flag):
+    with pytest.raises(ConfigError) as e:
+        configs_from_mapping(values)
+    assert str(e.value).startswith(flag + ":")
+    assert "\n" not in str(e.value)
+
+
+def test_cross_checks_with_the_speculative_algorithm():
+    on = configs_from_mapping({"specexit": True, "dcut": "auto"})
+    for algo in ("EAGLE3", "eagle", "NEXTN"):
+        check_against_server(on, algo)
+    check_against_server(configs_from_mapping({"dcut": "auto"}), "DFLASH")
+    with pytest.raises(ConfigError, match=r"^--specexit: needs an EAGLE-family"):
+        check_against_server(configs_from_mapping({"specexit": True}), "DFLASH")
+    with pytest.raises(ConfigError, match=r"^--dcut: D-Cut prunes speculative decoding"):
+        check_against_server(configs_from_mapping({"dcut": "0.5"}), None)
+    with pytest.raises(ConfigError, match=r"^--dcut: not supported with --speculative-algorithm STANDALONE"):
+        check_against_server(configs_from_mapping({"dcut": "auto"}), "STANDALONE")
+    check_against_server(configs_from_mapping({}), None)  # everything off: nothing to check
+
+
+def test_cost_table_path_must_exist(tmp_path):
+    with pytest.raises(ConfigError, match=r"^--dcut-cost-table: file not found"):
+        DCutConfig(mode="auto", cost_table=str(tmp_path / "missing.json"))
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({}))
+    assert DCutConfig(mode="auto", cost_table=str(p)).cost_table == str(p)
+
+
+def _encoder(vocab):
+    return lambda s: [vocab[s]] if s in vocab else [90, 91]
+
+
+def test_resolve_token_ids_keeps_single_token_split_strings():
+    r = resolve_token_ids(SpecExitConfig(enabled=True), _encoder({"</think>": 7, "\n\n": 3, ".\n\n": 4}))
+    assert r.stop_think_id == 7 and r.step_split_ids == (3, 4)
+    assert set(r.dropped_step_split) == {"\n\n\n", ".\n\n\n", " \n\n", " \n\n\n"}
+
+
+def test_resolve_token_ids_errors_name_the_flag():
+    with pytest.raises(ConfigError, match=r"^--specexit-stop-think-token: '</think>' must encode to exactly one"):
+        resolve_token_ids(SpecExitConfig(enabled=True), _encoder({"\n\n": 3}))
+    with pytest.raises(ConfigError, match=r"^--specexit-step-split-tokens: none of"):
+        resolve_token_ids(SpecExitConfig(enabled=True), _encoder({"</think>": 7}))
+
+
+def test_options_bridge_to_per_request_form():
+    o = SpecExitConfig(enabled=True, method="progress_confidence", window=3, smoothing="mean").options()
+    assert o.method.name == "confidence_progress" and o.window == 3 and o.smoothing.label == "mean"
+    assert o.thresholds == (0.8, 0.3, 200.0)
