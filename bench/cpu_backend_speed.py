@@ -10,7 +10,7 @@ engines run in this one invocation, so the ratio is measured under the same mach
 Goal (issue 3): ratio >= 10x. Run, from the repository root:
 
     OMP_NUM_THREADS=1 python bench/cpu_backend_speed.py [--prompts 4] [--tokens 16]
-        [--topk 1 --steps 3 --draft-tokens 4] [--fit-steps 0] [--models DIR]
+        [--topk 1 --steps 3 --draft-tokens 4] [--fit-steps 400] [--models DIR]
 
 Interpreted Triton is slow: the defaults take a few minutes on a 2-core machine.
 """
@@ -39,18 +39,14 @@ CPU_ENGINE_KWARGS = dict(
 
 
 def _prompts(target_dir: str, num: int, seed: int = 0) -> list:
-    """``num`` prompts of 4..16 ordinary token ids (no special tokens)."""
-    from transformers import AutoTokenizer
+    """``num`` prompts from the distribution the tiny draft is fitted on (4 ordinary token ids)."""
+    import json
 
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    special = set(tok.all_special_ids)
-    ordinary = torch.tensor([i for i in range(len(tok)) if i not in special])
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(num):
-        n = int(torch.randint(4, 17, (1,), generator=gen))
-        out.append(ordinary[torch.randint(0, len(ordinary), (n,), generator=gen)].tolist())
-    return out
+    from sglang_ext.testbed.tiny import corpus_prompts
+
+    with open(os.path.join(target_dir, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    return corpus_prompts(vocab, num, 4, seed=seed).tolist()
 
 
 def _run(models, backend: str, prompts: list, tokens: int, spec: dict) -> dict:
@@ -94,7 +90,7 @@ def main() -> None:
     ap.add_argument("--topk", type=int, default=1)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--draft-tokens", type=int, default=4)
-    ap.add_argument("--fit-steps", type=int, default=0, help="draft fit steps (0: random draft)")
+    ap.add_argument("--fit-steps", type=int, default=400, help="draft fit steps (0: random draft)")
     ap.add_argument("--models", default=None, help="tiny model directory (built there if missing)")
     args = ap.parse_args()
 
