@@ -13,14 +13,15 @@ import json
 import os
 import random
 from dataclasses import dataclass
-from typing import List
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from sglang_ext.testbed import task
 from sglang_ext.testbed.common import collate, encode_example, encode_prompt, greedy_generate, \
     load_if_exists, lr_at, save_atomic
-from sglang_ext.testbed.modeling import ModelShape, build_target
+from sglang_ext.testbed.modeling import IGNORE_INDEX, ModelShape, build_target
 from sglang_ext.testbed.tokenizer import build_tokenizer, save_tokenizer
 
 #: Fraction of training sequences without thinking (``enable_thinking=False`` prompts).
@@ -29,6 +30,11 @@ P_NO_THINK = 0.05
 
 @dataclass(frozen=True)
 class TargetTrainConfig:
+    """Two phases: ``steps`` on the reference trace distribution, then ``arith_steps``
+    (fresh optimizer, own warm-up and cosine) with more operations per problem and the
+    loss on the result tokens of each ``a op b = c`` weighted by ``result_weight``:
+    the templates are learnt in a few hundred steps, exact arithmetic much later."""
+
     steps: int = 600
     batch_size: int = 32
     lr: float = 2e-3
@@ -37,6 +43,12 @@ class TargetTrainConfig:
     ckpt_every: int = 25
     eval_every: int = 150
     eval_problems: int = 32
+    arith_steps: int = 400
+    arith_lr: float = 1e-3
+    arith_warmup: int = 20
+    result_weight: float = 5.0
+    #: Operand-count weights (2, 3, 4 operands) of phase-2 problems.
+    arith_operand_weights: Tuple[float, float, float] = (0.2, 0.3, 0.5)
 
 
 def batch_for_step(tok, seed: int, step: int, batch_size: int):
@@ -47,6 +59,52 @@ def batch_for_step(tok, seed: int, step: int, batch_size: int):
         thinking = rng.random() >= P_NO_THINK
         examples.append(encode_example(tok, p, task.sample_num_rechecks(rng), thinking))
     return collate(examples)
+
+
+def arith_batch_for_step(tok, seed: int, step: int, batch_size: int,
+                         operand_weights: Sequence[float]):
+    """Phase-2 batch of ``step`` (pure function of ``(seed, step)``)."""
+    rng = random.Random(f"sglang_ext-target-arith-{seed}-{step}")
+    examples = []
+    for i in range(batch_size):
+        k = rng.choices((2, 3, 4), weights=operand_weights)[0]
+        operands = tuple(rng.randint(0, task.MAX_OPERAND_VALUE) for _ in range(k))
+        ops = tuple(rng.choice(task.OPS) for _ in range(k - 1))
+        p = task.Problem(str(i), operands, ops)
+        thinking = rng.random() >= P_NO_THINK
+        examples.append(encode_example(tok, p, task.sample_num_rechecks(rng), thinking))
+    return collate(examples)
+
+
+def result_token_weights(labels: torch.Tensor, eq_id: int, stop_id: int, weight: float) -> torch.Tensor:
+    """Loss weights ``# [batch_size, seq_len]``: ``weight`` on the tokens between ``" ="``
+    and the next ``"."`` (the result of an equation), 1 on other labelled tokens, 0 elsewhere.
+
+    Examples
+    --------
+    >>> lab = torch.tensor([[-100, 7, 9, 5, 5, 8, 7]])   # ... = 5 5 . x
+    >>> result_token_weights(lab, eq_id=9, stop_id=8, weight=3.0).tolist()
+    [[0.0, 1.0, 1.0, 3.0, 3.0, 1.0, 1.0]]
+    """
+    w = (labels != IGNORE_INDEX).float()
+    for r in range(labels.shape[0]):
+        inside = False
+        for c, t in enumerate(labels[r].tolist()):
+            if t == stop_id:
+                inside = False
+            elif inside and t != IGNORE_INDEX:
+                w[r, c] = weight
+            if t == eq_id:
+                inside = True
+    return w
+
+
+def weighted_lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Next-token CE, ``logits`` ``# [B, S, V]`` predicting ``labels[:, 1:]`` with ``weights[:, 1:]``."""
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                         ignore_index=IGNORE_INDEX, reduction="none")
+    w = weights[:, 1:].reshape(-1)
+    return (ce * w).sum() / w.sum().clamp(min=1.0)
 
 
 def evaluate_target(model, tok, problems: List[task.Problem], max_new_tokens: int = 320) -> dict:
@@ -64,14 +122,61 @@ def evaluate_target(model, tok, problems: List[task.Problem], max_new_tokens: in
     }
 
 
+def _train_phase(model, tok, ckpt_path: str, name: str, steps: int, lr: float, warmup: int,
+                 cfg: TargetTrainConfig, make_batch: Callable[[int], tuple],
+                 weights_fn: Optional[Callable], eval_problems, progress: bool):
+    """One phase with its own AdamW and schedule; resumes from / writes ``ckpt_path``."""
+    from tqdm import tqdm
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
+                            weight_decay=cfg.weight_decay)
+    start, losses, evals = 0, [], []
+    ck = load_if_exists(ckpt_path)
+    if ck is not None:
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        start, losses, evals = ck["step"], ck["losses"], ck["evals"]
+
+    def checkpoint(step):
+        save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                     "losses": losses, "evals": evals}, ckpt_path)
+
+    bar = tqdm(range(start, steps), desc=name, disable=not progress, initial=start, total=steps)
+    for step in bar:
+        model.train()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        ids, labels, _ = make_batch(step)
+        if weights_fn is None:
+            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+        else:
+            logits = model(input_ids=ids, use_cache=False).logits
+            loss = weighted_lm_loss(logits, labels, weights_fn(labels))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        done = step + 1
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < steps:
+            ev = evaluate_target(model, tok, eval_problems)
+            ev["step"] = done
+            ev["phase"] = name
+            evals.append(ev)
+            bar.write(f"{name} step {done}: {json.dumps(ev)}")
+        if done % cfg.ckpt_every == 0 or done == steps:
+            checkpoint(done)
+    return losses, evals
+
+
 def train_target(out_dir: str, seed: int, shape: ModelShape, cfg: TargetTrainConfig,
                  progress: bool = True) -> dict:
     """Train (or resume, or skip when done) the target; returns the training record.
 
-    Writes ``out_dir/target/`` (final HF model) and ``out_dir/target_ckpt.pt``.
+    Writes ``out_dir/target/`` (final HF model), ``out_dir/target_ckpt.pt`` (phase 1)
+    and ``out_dir/target_arith_ckpt.pt`` (phase 2).
     """
-    from tqdm import tqdm
-
     final_dir = os.path.join(out_dir, "target")
     record_path = os.path.join(out_dir, "target_record.json")
     if os.path.exists(os.path.join(final_dir, "model.safetensors")) and os.path.exists(record_path):
@@ -80,51 +185,30 @@ def train_target(out_dir: str, seed: int, shape: ModelShape, cfg: TargetTrainCon
 
     tok = build_tokenizer()
     model = build_target(shape, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
-                            weight_decay=cfg.weight_decay)
-    ckpt_path = os.path.join(out_dir, "target_ckpt.pt")
-    start, losses, evals = 0, [], []
-    ck = load_if_exists(ckpt_path)
-    if ck is not None:
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        start, losses, evals = ck["step"], ck["losses"], ck["evals"]
     eval_problems = task.generate_problems(
         cfg.eval_problems, random.Random(f"sglang_ext-target-eval-{seed}"), "eval-")
-
-    def checkpoint(step):
-        save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                     "losses": losses, "evals": evals}, ckpt_path)
-
-    bar = tqdm(range(start, cfg.steps), desc="target", disable=not progress,
-               initial=start, total=cfg.steps)
-    for step in bar:
-        model.train()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
-        ids, labels, _ = batch_for_step(tok, seed, step, cfg.batch_size)
-        loss = model(input_ids=ids, labels=labels, use_cache=False).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.4f}")
-        done = step + 1
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-            ev = evaluate_target(model, tok, eval_problems)
-            ev["step"] = done
-            evals.append(ev)
-            bar.write(f"target step {done}: {json.dumps(ev)}")
-        if done % cfg.ckpt_every == 0 or done == cfg.steps:
-            checkpoint(done)
+    losses, evals = _train_phase(
+        model, tok, os.path.join(out_dir, "target_ckpt.pt"), "target", cfg.steps, cfg.lr,
+        cfg.warmup, cfg, lambda step: batch_for_step(tok, seed, step, cfg.batch_size), None,
+        eval_problems, progress)
+    if cfg.arith_steps > 0:
+        eq_id = tok.convert_tokens_to_ids(" =")
+        stop_id = tok.convert_tokens_to_ids(".")
+        l2, e2 = _train_phase(
+            model, tok, os.path.join(out_dir, "target_arith_ckpt.pt"), "target-arith",
+            cfg.arith_steps, cfg.arith_lr, cfg.arith_warmup, cfg,
+            lambda step: arith_batch_for_step(tok, seed, step, cfg.batch_size,
+                                              cfg.arith_operand_weights),
+            lambda labels: result_token_weights(labels, eq_id, stop_id, cfg.result_weight),
+            eval_problems, progress)
+        losses, evals = losses + l2, evals + e2
 
     final_eval = evaluate_target(model, tok, eval_problems)
-    final_eval["step"] = cfg.steps
+    final_eval["step"] = cfg.steps + cfg.arith_steps
     evals.append(final_eval)
     save_target(model, final_dir)
     record = {"losses": losses, "evals": evals, "shape": shape.__dict__, "seed": seed,
-              "config": cfg.__dict__}
+              "config": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.__dict__.items()}}
     with open(record_path, "w") as f:
         json.dump(record, f)
     return record

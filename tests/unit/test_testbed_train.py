@@ -34,7 +34,8 @@ def test_target_loss_decreases_and_config(quick_run):
     out, _ = quick_run
     rec = json.load(open(os.path.join(out, "target_record.json")))
     losses = rec["losses"]
-    assert len(losses) == train.stage_config("target", True).steps
+    tc = train.stage_config("target", True)
+    assert len(losses) == tc.steps + tc.arith_steps
     assert _mean(losses[-5:]) < 0.6 * _mean(losses[:5])
     cfg = json.load(open(os.path.join(out, "target", "config.json")))
     assert cfg["architectures"] == ["LlamaForCausalLM"]
@@ -95,26 +96,52 @@ def test_finished_run_is_skipped(quick_run, monkeypatch):
     assert again["target"] == report["target"]
 
 
+def test_result_token_weights_mark_equation_results():
+    from sglang_ext.testbed.common import encode_example
+    from sglang_ext.testbed.task import parse_question
+    from sglang_ext.testbed.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    ex = encode_example(tok, parse_question("Compute: 7 + 4 - 9"), 0)
+    _, labels, _ = train_target.collate([ex])
+    w = train_target.result_token_weights(labels, tok.convert_tokens_to_ids(" ="),
+                                          tok.convert_tokens_to_ids("."), 5.0)
+    heavy = tok.decode([t for t, x in zip(labels[0].tolist(), w[0].tolist()) if x == 5.0])
+    assert heavy == " 11 2"  # the results "11" and "2" of the two steps, nothing else
+    assert (w[0][: ex.prompt_len] == 0).all()
+
+
 def test_interrupted_target_resumes_to_identical_weights(tmp_path, monkeypatch):
-    cfg = train_target.TargetTrainConfig(steps=6, batch_size=2, lr=3e-3, warmup=2, ckpt_every=2,
-                                         eval_every=0, eval_problems=1)
+    cfg = train_target.TargetTrainConfig(steps=5, batch_size=2, lr=3e-3, warmup=2, ckpt_every=2,
+                                         eval_every=0, eval_problems=1, arith_steps=4, arith_warmup=1)
     monkeypatch.setattr(train_target, "evaluate_target", lambda *a, **k: {"accuracy": 0.0})
     ref_dir, cut_dir = str(tmp_path / "ref"), str(tmp_path / "cut")
     train_target.train_target(ref_dir, 0, QUICK_SHAPE, cfg, progress=False)
 
-    real_batch = train_target.batch_for_step
+    real_batch, real_arith = train_target.batch_for_step, train_target.arith_batch_for_step
 
-    def interrupted(tok, seed, step, bs):
+    def interrupted(tok, seed, step, bs):  # phase 1, between checkpoints
         if step == 3:
             raise KeyboardInterrupt
         return real_batch(tok, seed, step, bs)
 
+    def interrupted_arith(tok, seed, step, bs, weights):  # phase 2, between checkpoints
+        if step == 3:
+            raise KeyboardInterrupt
+        return real_arith(tok, seed, step, bs, weights)
+
     monkeypatch.setattr(train_target, "batch_for_step", interrupted)
     with pytest.raises(KeyboardInterrupt):
         train_target.train_target(cut_dir, 0, QUICK_SHAPE, cfg, progress=False)
-    assert not os.path.exists(os.path.join(cut_dir, "target"))
     monkeypatch.setattr(train_target, "batch_for_step", real_batch)
+    monkeypatch.setattr(train_target, "arith_batch_for_step", interrupted_arith)
+    with pytest.raises(KeyboardInterrupt):
+        train_target.train_target(cut_dir, 0, QUICK_SHAPE, cfg, progress=False)
+    assert not os.path.exists(os.path.join(cut_dir, "target"))
+    monkeypatch.setattr(train_target, "arith_batch_for_step", real_arith)
     train_target.train_target(cut_dir, 0, QUICK_SHAPE, cfg, progress=False)
+    rec = json.load(open(os.path.join(cut_dir, "target_record.json")))
+    assert len(rec["losses"]) == 9
     a = load_file(os.path.join(ref_dir, "target", "model.safetensors"))
     b = load_file(os.path.join(cut_dir, "target", "model.safetensors"))
     assert a.keys() == b.keys()
