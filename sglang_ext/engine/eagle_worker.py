@@ -1,8 +1,19 @@
 """The project's ``EAGLEWorkerV2`` subclass (selected by the plugin when --specexit or --dcut is on).
 
 ``verify()`` is the seam for both features (see ``SGLANG_MAP.md`` section 2 and
-``VERIFY_EDIT_MAP.md``): D-Cut prunes the verify input before the target forward, SpecExit edits
-the ``GenerationBatchResult`` after it, and both run before lengths are published.
+``VERIFY_EDIT_MAP.md``): D-Cut prunes what the target verifies (it owns the verify call),
+SpecExit edits the ``GenerationBatchResult`` after it, and both run before lengths are
+published. Each feature lives in its own glue module and is driven from here:
+
+* ``sglang_ext.engine.dcut_glue.DCutRunner`` -- ``verify(worker, batch, pp_proxy_tensors,
+  grammar_barrier, base_verify) -> GenerationBatchResult`` (``base_verify`` is the stock
+  ``EAGLEWorkerV2.verify`` bound to the worker), plus ``init_after_graphs(worker)`` for the
+  launch-time cost profiling;
+* ``sglang_ext.engine.specexit_glue.SpecExitRunner`` -- ``on_prefill(worker, batch, result)``
+  after a prefill/extend batch and ``after_verify(worker, batch, verify_input, result) ->
+  GenerationBatchResult`` after every verify.
+
+With a feature off its runner is ``None`` and the stock path runs unchanged.
 """
 
 from __future__ import annotations
@@ -17,10 +28,46 @@ logger = logging.getLogger(__name__)
 
 
 class ExtEAGLEWorker(EAGLEWorkerV2):
-    """EAGLE/EAGLE3 worker with the sglang_ext configs attached (``self.ext_config``)."""
+    """EAGLE/EAGLE3 worker with SpecExit and D-Cut (``self.ext_config`` holds both configs)."""
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args=server_args, gpu_id=gpu_id, nccl_port=nccl_port, target_worker=target_worker)
         self.ext_config = get_extension_config(server_args)
+        # [dcut_glue] per-node draft confidences (D-Cut scores, SpecExit draft-confidence signal)
+        from sglang_ext.engine.draft_capture import install as install_draft_capture
+
+        self.draft_capture = install_draft_capture(self)
+        self.dcut = None
+        self.specexit = None
+        if self.ext_config.dcut.enabled:
+            from sglang_ext.engine.dcut_glue import DCutRunner
+
+            self.dcut = DCutRunner(self, self.ext_config.dcut)
+        if self.ext_config.specexit.enabled:
+            from sglang_ext.engine.specexit_glue import SpecExitRunner
+
+            self.specexit = SpecExitRunner(self, self.ext_config.specexit)
         logger.info("sglang_ext worker active: specexit=%s dcut=%s", self.ext_config.specexit.enabled,
                     self.ext_config.dcut.mode)
+
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        if self.dcut is not None:
+            self.dcut.init_after_graphs(self)
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        result = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
+                                                   pp_proxy_tensors=pp_proxy_tensors)
+        if self.specexit is not None and (batch.forward_mode.is_extend() or batch.is_extend_in_batch):
+            self.specexit.on_prefill(self, batch, result)
+        return result
+
+    def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
+        verify_input = batch.spec_info
+        if self.dcut is not None:
+            result = self.dcut.verify(self, batch, pp_proxy_tensors, grammar_barrier, super().verify)
+        else:
+            result = super().verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+        if self.specexit is not None:
+            result = self.specexit.after_verify(self, batch, verify_input, result)
+        return result

@@ -229,6 +229,12 @@ def register_hooks() -> None:
     HookRegistry.register(HOOK_ENGINE_INIT, _around_engine_init, HookType.AROUND)
     HookRegistry.register(HOOK_CREATE_WORKER, _around_create_worker, HookType.AROUND)
     HookRegistry.register(HOOK_TREE_MASK_MODE, _around_default_tree_mask_mode, HookType.AROUND)
+    from sglang_ext.engine.specexit_hooks import register_specexit_hooks  # [specexit_glue]
+
+    register_specexit_hooks()  # custom_params check, meta_info, /server_info, SpecExit draft class (patches/INDEX.md)
+    from sglang_ext.engine.draft_capture import register_hooks as register_draft_capture_hooks  # [dcut_glue]
+
+    register_draft_capture_hooks()  # organize_draft_results: tree path scores (patches/organize_draft_results.md)
     _register_cpu_backend()
     _registered = True
 
