@@ -1,0 +1,434 @@
+"""SpecExit inside the project's EAGLE3 worker: per-request state, signals, the exit cut.
+
+``ExtEAGLEWorker`` (``sglang_ext/engine/eagle_worker.py``) drives one :class:`SpecExitRunner`:
+
+* ``on_prefill(worker, batch, result)`` after every prefill/extend batch: resolves each
+  request's options from ``sampling_params.custom_params``, decides whether it is thinking
+  and resets its request-pool slot of the batched :class:`SpecExitState`;
+* ``after_verify(worker, batch, verify_input, result)`` after every verify (D-Cut, when on,
+  has already run): the exit decision of every thinking request, the cut
+  (:func:`sglang_ext.engine.specexit_cut.apply_exit_cut`, VERIFY_EDIT_MAP.md section 4),
+  this step's signals pushed into the smoothers, and a step record handed to the scheduler
+  for per-request ``meta_info`` and ``/server_info`` (``specexit_report.py``).
+
+Everything in the step path stays on the device: decisions, the cut and the state updates
+are vectorised, so the runner adds no host synchronisation (except with the replay trace,
+see :data:`TRACE_ENV`).
+
+**Thinking.** A request is thinking iff SGLang marks it ``require_reasoning`` and its output
+holds no stop-think token yet, or its prompt (plus output, after a retraction) ends inside
+an unclosed ``<think>`` block (the ``qwen3-thinking`` convention). Requests with a grammar
+are left alone (the grammar FSM sees the emitted run, and ``</think>`` may be illegal for
+it). A prefill-sampled ``</think>`` ends thinking at once.
+
+**Signals.** With ``--specexit-signal-source head`` the draft's SpecExit rows of ``fc``
+(``LlamaForCausalLMEagle3SpecExit.specexit_logits``) are applied to the target's captured
+EAGLE3 features of the verify window (``logits_output.hidden_states``, rows root..r_a,
+front-compacted for trees); the step value is the mean over the root and the accepted
+drafts, the bonus excluded. With ``draft-confidence`` the draft's own probabilities of the
+accepted drafts are averaged (``sglang_ext.specexit.draft_confidence``), as captured per
+verify step by ``sglang_ext.engine.draft_capture``.
+
+**Slot reuse.** State is indexed by request-pool slot. A slot is reset at the prefill of the
+request that owns it; the runner remembers the owner (``rid``) of every slot it reset, and a
+verify row whose request it did not reset (e.g. a request that arrived with its KV from a
+prefill server) is treated as not thinking.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from sglang_ext.config import ConfigError, SpecExitConfig, resolve_token_ids
+from sglang_ext.engine.specexit_cut import apply_exit_cut, stop_token_logprobs
+from sglang_ext.engine.specexit_report import (
+    REPORT_ATTR,
+    ROW_FIELDS,
+    ExitLog,
+    SpecExitDeviceOutput,
+    SpecExitRequestReport,
+    SpecExitSink,
+    SpecExitStats,
+)
+from sglang_ext.specexit.criterion import ExitDecision, split_emitted_run
+from sglang_ext.specexit.defaults import MAX_WINDOW
+from sglang_ext.specexit.draft_confidence import DRAFT_CONFIDENCE_SOURCE, draft_confidence_signals
+from sglang_ext.specexit.overrides import SpecExitOptionError, SpecExitOptions, options_for_request
+from sglang_ext.specexit.signals import (
+    NUM_SIGNALS,
+    Signal,
+    SpecExitMethod,
+    SpecExitMethodError,
+    decode_signals,
+    mean_over_strided_prefix,
+    parse_method,
+)
+from sglang_ext.specexit.state import SpecExitState
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable: path of a JSONL file to which every scheduler process appends the
+#: runner's resets and per-step inputs/decisions (for replay tests; forces host syncs).
+TRACE_ENV = "SGLANG_EXT_SPECEXIT_TRACE"
+
+HEAD_SOURCE = "head"
+
+
+class SpecExitLaunchError(ConfigError):
+    """SpecExit cannot run with this draft/tokenizer/flags; the message names the flag."""
+
+
+# --------------------------------------------------------------------------- server options
+def server_options(cfg: SpecExitConfig) -> SpecExitOptions:
+    """The server-level :class:`SpecExitOptions` of the launcher flags (``cfg.options()``).
+
+    Examples
+    --------
+    >>> server_options(SpecExitConfig(enabled=True, method="remain", window=4)).window
+    4
+    """
+    return cfg.options()
+
+
+def options_to_json(options: SpecExitOptions) -> Dict[str, object]:
+    """Plain-JSON form of options (``SpecExitOptions(**d)`` rebuilds them).
+
+    Examples
+    --------
+    >>> SpecExitOptions(**options_to_json(SpecExitOptions(method="remain"))).method.name
+    'remain'
+    """
+    out: Dict[str, object] = {}
+    for name in ("enable", "ewma_alpha", "window", "confidence_threshold", "progress_threshold",
+                 "remain_threshold", "min_think_tokens", "max_think_tokens", "max_think_grace"):
+        out[name] = getattr(options, name)
+    out["method"] = options.method.name
+    out["smoothing"] = options.smoothing.label
+    return out
+
+
+# --------------------------------------------------------------------------- thinking detection
+def think_start_text(stop_think_text: str) -> Optional[str]:
+    """The opening tag matching a ``</tag>`` stop-think text (None for other texts).
+
+    Examples
+    --------
+    >>> think_start_text("</think>"), think_start_text("END")
+    ('<think>', None)
+    """
+    if stop_think_text.startswith("</") and stop_think_text.endswith(">"):
+        return "<" + stop_think_text[2:]
+    return None
+
+
+def ends_inside_think(ids: Sequence[int], start_id: Optional[int], end_id: int) -> bool:
+    """Whether ``ids`` ends inside an unclosed ``start ... end`` block.
+
+    Examples
+    --------
+    >>> ends_inside_think([1, 3, 7, 8], start_id=3, end_id=4)
+    True
+    >>> ends_inside_think([1, 3, 7, 4, 9], start_id=3, end_id=4), ends_inside_think([1, 2], 3, 4)
+    (False, False)
+    """
+    if start_id is None:
+        return False
+    for token in reversed(ids):
+        if token == end_id:
+            return False
+        if token == start_id:
+            return True
+    return False
+
+
+def is_thinking(req, start_id: Optional[int], end_id: int) -> bool:
+    """Thinking rule of the module docstring for one SGLang ``Req`` (host side, at prefill)."""
+    if getattr(req, "grammar", None) is not None:
+        return False
+    output = list(req.output_ids)
+    if getattr(req, "require_reasoning", False) and end_id not in output:
+        return True
+    return ends_inside_think(list(req.origin_input_ids) + output, start_id, end_id)
+
+
+# --------------------------------------------------------------------------- the runner
+class SpecExitRunner:
+    """Per-worker SpecExit driver (see the module docstring).
+
+    Parameters
+    ----------
+    worker : ExtEAGLEWorker
+        The speculative worker (its draft model is loaded; pools may not exist yet).
+    cfg : SpecExitConfig
+        The server's SpecExit flags.
+    """
+
+    def __init__(self, worker, cfg: SpecExitConfig) -> None:
+        self.cfg = cfg
+        self.options = server_options(cfg)
+        self.method: SpecExitMethod = self.options.method
+        self.source = cfg.signal_source
+        tokenizer = self._load_tokenizer()
+        encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+        tokens = resolve_token_ids(cfg, encode)
+        if tokens.dropped_step_split:
+            logger.warning("--specexit-step-split-tokens: dropped %s (not a single token with this tokenizer); "
+                           "boundary ids %s", json.dumps(list(tokens.dropped_step_split)), list(tokens.step_split_ids))
+        self.stop_think_id = tokens.stop_think_id
+        self.boundary_ids = tokens.step_split_ids
+        start = think_start_text(cfg.stop_think_token)
+        start_ids = encode(start) if start is not None else []
+        self.think_start_id: Optional[int] = int(start_ids[0]) if len(start_ids) == 1 else None
+        self.signal_rows: Optional[Tuple[int, ...]] = None
+        if self.source == HEAD_SOURCE:
+            self.signal_rows = self._check_head(worker)
+        self.state: Optional[SpecExitState] = None
+        self.owner: Dict[int, str] = {}
+        self.stats = SpecExitStats()
+        self.sink = SpecExitSink(self.stop_think_id, self.stats, ExitLog())
+        self.trace_path = os.environ.get(TRACE_ENV) or None
+        logger.info("SpecExit on: method=%s source=%s smoothing=%s stop_think_id=%d boundary_ids=%s",
+                    self.method.name, self.source, self.options.smoothing.label, self.stop_think_id,
+                    list(self.boundary_ids))
+
+    # ---------------------------------------------------------------- launch checks
+    @staticmethod
+    def _load_tokenizer():
+        from sglang.srt.runtime_context import get_model, get_serving
+        from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+        return get_tokenizer(get_serving().tokenizer_path, tokenizer_mode=get_serving().tokenizer_mode,
+                             trust_remote_code=get_model().trust_remote_code, revision=get_model().revision)
+
+    @staticmethod
+    def draft_model(worker):
+        """The loaded draft ``nn.Module`` of an EAGLE worker."""
+        return worker.draft_worker.draft_runner.model
+
+    def _check_head(self, worker) -> Tuple[int, ...]:
+        model = self.draft_model(worker)
+        k = int(getattr(model, "specexit_k", 0) or 0)
+        if not hasattr(model, "specexit_logits") or k == 0:
+            raise SpecExitLaunchError(
+                f"--specexit-signal-source head: the draft model ({type(model).__name__}) has no SpecExit signal rows; "
+                "use a draft whose fc has hidden_size + k rows (architecture LlamaForCausalLMEagle3SpecExit) or "
+                "--specexit-signal-source draft-confidence")
+        trained = getattr(model, "specexit_method", None)
+        try:
+            trained_method = parse_method(trained) if trained else None
+            return self.method.checkpoint_rows(k, trained_method)
+        except SpecExitMethodError as e:
+            raise SpecExitLaunchError(f"--specexit-method: {e} (--specexit-signal-source head)") from None
+
+    # ---------------------------------------------------------------- state
+    def _ensure_state(self, worker) -> SpecExitState:
+        if self.state is None:
+            pool = worker.req_to_token_pool
+            slots = int(pool.req_to_token.shape[0])
+            self.state = SpecExitState.allocate(slots, self.boundary_ids, self.stop_think_id,
+                                                max_window=MAX_WINDOW, device=worker.device)
+        return self.state
+
+    def request_options(self, req) -> SpecExitOptions:
+        """Options of one request: server defaults merged with its ``custom_params``."""
+        return options_for_request(self.options, getattr(req.sampling_params, "custom_params", None), self.method)
+
+    # ---------------------------------------------------------------- prefill
+    def on_prefill(self, worker, batch, result) -> None:
+        """Initialise the slots of the requests of a prefill/extend batch."""
+        reqs = list(getattr(batch, "reqs", None) or [])
+        if not reqs or batch.forward_mode.is_idle():
+            return
+        state = self._ensure_state(worker)
+        slots: List[int] = []
+        options: List[SpecExitOptions] = []
+        think: List[int] = []
+        flags: List[bool] = []
+        for req in reqs:
+            slot = req.kv.req_pool_idx
+            if slot is None:
+                continue
+            try:
+                opts = self.request_options(req)
+            except SpecExitOptionError as e:
+                self._abort(req, e)
+                opts = SpecExitOptions(enable=False)
+            thinking = opts.enable and is_thinking(req, self.think_start_id, self.stop_think_id)
+            slots.append(int(slot))
+            options.append(opts)
+            think.append(len(req.output_ids) + 1)
+            flags.append(thinking)
+            self.owner[int(slot)] = req.rid
+            report = getattr(req, REPORT_ATTR, None)
+            if report is None:  # kept across a retraction + re-prefill
+                setattr(req, REPORT_ATTR, SpecExitRequestReport(active=thinking))
+        if not slots:
+            return
+        state.reset(slots, options, think_tokens=think, thinking=flags)
+        first = result.next_token_ids if result is not None else None
+        index = torch.tensor(slots, dtype=torch.int64, device=state.thinking.device)
+        if isinstance(first, torch.Tensor) and first.numel() == len(reqs) and len(slots) == len(reqs):
+            # a prefill that sampled the stop token ends thinking at once (no host sync)
+            state.thinking[index] &= first.to(state.thinking.device) != self.stop_think_id
+        if self.trace_path:
+            self._trace({"event": "reset", "slots": slots, "rids": [r.rid for r in reqs],
+                         "options": [options_to_json(o) for o in options], "think_tokens": think,
+                         "thinking": state.thinking[index].tolist()})
+
+    @staticmethod
+    def _abort(req, error: SpecExitOptionError) -> None:
+        from http import HTTPStatus
+
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        message = f"invalid SpecExit option {error}"
+        logger.warning("aborting request %s: %s", req.rid, message)
+        req.to_finish = FINISH_ABORT(message, HTTPStatus.BAD_REQUEST, "BadRequestError")
+
+    # ---------------------------------------------------------------- verify
+    def after_verify(self, worker, batch, verify_input, result):
+        """Decide, cut and observe one verify step; returns ``result`` (edited in place)."""
+        if batch.forward_mode.is_idle() or result is None or result.accept_lens is None:
+            return result
+        bs = int(result.accept_lens.shape[0])
+        if bs == 0:
+            return result
+        state = self._ensure_state(worker)
+        num_draft = int(result.speculative_num_draft_tokens or verify_input.draft_token_num)
+        slots = batch.req_pool_indices.to(device=state.thinking.device, dtype=torch.int64)
+        self._forget_unknown(batch)
+
+        roots = verify_input.draft_token.view(bs, -1)[:, 0]  # [bs]
+        accepted, bonus = split_emitted_run(result.next_token_ids, result.accept_lens, num_draft)
+        decision = state.decide(slots, roots, accepted, bonus)
+        remain_before = state.scores(slots)[0][:, int(Signal.REMAIN)]  # [bs], NaN where undefined
+        pre_accept_lens = result.accept_lens.clone()
+        signals = self.step_signals(worker, batch, verify_input, result, pre_accept_lens, decision, num_draft)
+
+        self._fix_logprobs(batch, result, decision)
+        bonus_tokens = result.next_draft_input.bonus_tokens
+        apply_exit_cut(result.next_token_ids, result.accept_lens, result.new_seq_lens, bonus_tokens,
+                       decision.exit, decision.keep_drafts, self.stop_think_id, num_draft,
+                       accept_index=result.accept_index,
+                       prepared_draft_extend_inputs=result.prepared_draft_extend_inputs)
+        state.observe(slots, decision, signals)
+        self._publish(result, decision, remain_before)
+        if self.trace_path:
+            self._trace({"event": "step", "slots": slots.tolist(), "rids": [r.rid for r in batch.reqs],
+                         "roots": roots.tolist(), "accepted": accepted.tolist(), "bonus": bonus.tolist(),
+                         "signals": signals.tolist(),
+                         "decision": {k: getattr(decision, k).tolist() for k in
+                                      ("exit", "keep_drafts", "reason", "natural_end", "first_boundary")},
+                         "accept_lens": result.accept_lens.tolist(),
+                         "next_token_ids": result.next_token_ids.view(bs, num_draft).tolist()})
+        return result
+
+    def _forget_unknown(self, batch) -> None:
+        """Rows whose request this runner never reset are not thinking (slot-reuse guard)."""
+        unknown = [req.kv.req_pool_idx for req in batch.reqs
+                   if self.owner.get(req.kv.req_pool_idx) != req.rid]
+        if unknown:
+            self.state.release(unknown)
+            for slot in unknown:
+                self.owner[slot] = None
+            if self.trace_path:
+                self._trace({"event": "release", "slots": unknown})
+
+    # ---------------------------------------------------------------- signals
+    def step_signals(self, worker, batch, verify_input, result, accept_lens, decision: ExitDecision,
+                     num_draft: int) -> torch.Tensor:
+        """This step's observation per request, ``[bs, NUM_SIGNALS]`` (NaN where unused).
+
+        ``accept_lens`` are the pre-cut lengths ``a + 1``: root and accepted drafts.
+        """
+        bs = accept_lens.shape[0]
+        device = self.state.thinking.device
+        if self.source == DRAFT_CONFIDENCE_SOURCE:
+            probs = self._accepted_draft_probs(worker, batch, verify_input, result, decision, num_draft)
+            if probs is None:
+                return torch.full((bs, NUM_SIGNALS), float("nan"), device=device)
+            return draft_confidence_signals(probs, decision.num_accepted).to(device=device, dtype=torch.float32)
+        hidden = result.logits_output.hidden_states  # [bs * N, num_aux * H]
+        model = self.draft_model(worker)
+        with torch.no_grad():
+            raw = model.specexit_logits(hidden[: bs * num_draft])  # [bs * N, checkpoint_k]
+            raw = raw[:, list(self.signal_rows)]  # [bs * N, method.k]
+            values = decode_signals(raw, self.method)  # [bs * N, NUM_SIGNALS]
+            means = mean_over_strided_prefix(values, accept_lens, num_draft)  # [bs, NUM_SIGNALS]
+        return means.to(device=device, dtype=torch.float32)
+
+    _capture_warned = False
+
+    def _accepted_draft_probs(self, worker, batch, verify_input, result, decision, num_draft):
+        """``[bs, spec_steps]`` draft probabilities along each accepted path, or None if not captured.
+
+        Column ``j - 1`` is the draft's probability of the j-th accepted draft given its
+        parent (``DraftScores.confidence`` of ``sglang_ext.engine.draft_capture``), read at the
+        local node ids of ``accept_index`` (chains: nodes 1..a). Entries past ``a`` are ignored.
+        """
+        capture = getattr(worker, "draft_capture", None)
+        accept_index = result.accept_index  # [bs, spec_steps + 1] global node ids, NO_NODE padded
+        if capture is None or accept_index is None:
+            if not SpecExitRunner._capture_warned:
+                logger.warning("--specexit-signal-source draft-confidence: per-node draft confidences are not "
+                               "captured on this worker; no signal-driven exits")
+                SpecExitRunner._capture_warned = True
+            return None
+        bs = accept_index.shape[0]
+        scores = capture.scores_for_verify(verify_input, bs)
+        if not scores.valid:
+            return None
+        confidence = scores.confidence.to(accept_index.device)  # [bs, N]
+        base = torch.arange(bs, device=accept_index.device, dtype=torch.int64)[:, None] * num_draft
+        local = (accept_index[:, 1:].to(torch.int64) - base).clamp(0, num_draft - 1)  # [bs, spec_steps]
+        return confidence.gather(1, local)
+
+    # ---------------------------------------------------------------- logprobs, reporting, trace
+    def _fix_logprobs(self, batch, result, decision: ExitDecision) -> None:
+        logits_output = result.logits_output
+        logprobs = getattr(logits_output, "next_token_logprobs", None)
+        if not getattr(batch, "return_logprob", False) or logprobs is None or result.accept_index is None:
+            return
+        column = decision.keep_drafts.clamp(max=result.accept_index.shape[1] - 1)  # L' - 1
+        rows = result.accept_index.gather(1, column[:, None].to(result.accept_index.device)).squeeze(1)
+        rows = rows.clamp(min=0)
+        temps = None
+        info = getattr(batch, "sampling_info", None)
+        if info is not None and not info.is_all_greedy:
+            temps = info.temperatures
+        forced = stop_token_logprobs(logits_output.next_token_logits, rows, self.stop_think_id, temps)
+        col = column[:, None].to(logprobs.device)
+        current = logprobs.gather(1, col).squeeze(1)
+        new = torch.where(decision.exit.to(logprobs.device), forced.to(logprobs.dtype), current)
+        logprobs.scatter_(1, col, new[:, None])
+
+    def _publish(self, result, decision: ExitDecision, remain_before: torch.Tensor) -> None:
+        from sglang.srt.managers.auxiliary_output import append_auxiliary_output
+
+        rows = torch.stack([
+            decision.reason.to(torch.float32),
+            decision.natural_end.to(torch.float32),
+            remain_before.to(torch.float32),
+            decision.keep_drafts.to(torch.float32),
+            decision.num_accepted.to(torch.float32),
+        ], dim=1)  # [bs, len(ROW_FIELDS)]
+        assert rows.shape[1] == len(ROW_FIELDS)
+        out = result.logits_output
+        out.auxiliary_device_output = append_auxiliary_output(out.auxiliary_device_output,
+                                                              SpecExitDeviceOutput(rows, self.sink))
+
+    def _trace(self, record: Dict[str, object]) -> None:
+        with open(self.trace_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def server_info(self) -> Dict[str, object]:
+        """The ``/server_info`` payload of this worker."""
+        info = self.stats.as_dict()
+        info.update({"method": self.method.name, "signal_source": self.source,
+                     "stop_think_id": self.stop_think_id, "boundary_ids": list(self.boundary_ids)})
+        return info
