@@ -1,0 +1,153 @@
+"""The README's main job: a CPU SGLang server with EAGLE3 + SpecExit + D-Cut answering a real request.
+
+``python -m sglang_ext.demo [--keep-running] [--question "Compute: 7 + 4 - 2"]``
+
+1. picks the models: the committed trained tiny thinking models (``sglang_ext/testbed/models``)
+   when present, otherwise tiny random models built on the spot (``.cache/`` of the checkout);
+2. launches ``python -m sglang.launch_server --config configs/cpu_demo.yaml ...`` in the CPU
+   testbed environment (stand-ins on ``PYTHONPATH``, ``SGLANG_USE_CPU_ENGINE=1``);
+3. asks one question through the OpenAI-compatible chat API and prints the reasoning, the answer
+   and the token usage, then the extension's state from ``/server_info``;
+4. stops the server (unless ``--keep-running``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import List, Optional
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "cpu_demo.yaml")
+TRAINED_MODELS = os.path.join(REPO_ROOT, "sglang_ext", "testbed", "models")
+TINY_CACHE = os.path.join(REPO_ROOT, ".cache", "tiny_models")
+DEFAULT_QUESTION = "Compute: 7 + 4 - 2"
+
+
+@dataclass(frozen=True)
+class DemoModels:
+    target: str
+    draft: str
+    trained: bool
+
+
+def pick_models() -> DemoModels:
+    target = os.path.join(TRAINED_MODELS, "target")
+    draft = os.path.join(TRAINED_MODELS, "draft")
+    if os.path.isfile(os.path.join(target, "config.json")) and os.path.isfile(os.path.join(draft, "config.json")):
+        return DemoModels(target, draft, trained=True)
+    from sglang_ext.testbed.tiny import build_tiny_models
+
+    print("[demo] trained models not found; building tiny random models (about a minute) ...", flush=True)
+    m = build_tiny_models(TINY_CACHE, seed=0, fit_steps=400)
+    return DemoModels(m.target, m.draft, trained=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(models: DemoModels, port: int, extra: Optional[List[str]] = None,
+                   config: str = DEMO_CONFIG) -> List[str]:
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--config", config, "--model-path", models.target,
+           "--speculative-draft-model-path", models.draft, "--host", "127.0.0.1", "--port", str(port)]
+    if not models.trained:
+        # the random tiny draft has no SpecExit rows: use the training-free signal
+        cmd += ["--specexit-signal-source", "draft-confidence", "--specexit-method", "confidence"]
+    return cmd + list(extra or [])
+
+
+def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    import requests
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before becoming healthy")
+        try:
+            if requests.get(base_url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"server not healthy after {timeout_s:.0f} s")
+
+
+def ask(base_url: str, model: str, question: str, max_tokens: int = 512) -> dict:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url + "/v1", api_key="none")
+    resp = client.chat.completions.create(model=model, messages=[{"role": "user", "content": question}],
+                                          temperature=0.0, max_tokens=max_tokens)
+    msg = resp.choices[0].message
+    return {"reasoning": getattr(msg, "reasoning_content", None), "answer": msg.content,
+            "finish_reason": resp.choices[0].finish_reason,
+            "completion_tokens": resp.usage.completion_tokens if resp.usage else None}
+
+
+def extension_info(base_url: str) -> dict:
+    import requests
+
+    info = requests.get(base_url + "/server_info", timeout=10).json()
+    return {k: v for k, v in info.items() if k.startswith("sglang_ext") or k in ("speculative_algorithm",)}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--question", default=DEFAULT_QUESTION)
+    ap.add_argument("--config", default=DEMO_CONFIG, help="server preset (SGLang --config YAML)")
+    ap.add_argument("--keep-running", action="store_true", help="leave the server up after the answer")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server to start")
+    ap.add_argument("--log", default=None, help="file for the server's log (default: inherit the terminal)")
+    args, extra = ap.parse_known_args(argv)
+
+    from sglang_ext.engine.cpu.standins import cpu_testbed_env
+
+    models = pick_models()
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    cmd = server_command(models, port, extra, config=args.config)
+    print("[demo] launching:", " ".join(cmd), flush=True)
+    log = open(args.log, "w") if args.log else None
+    proc = subprocess.Popen(cmd, env=cpu_testbed_env(), stdout=log, stderr=subprocess.STDOUT if log else None,
+                            start_new_session=True)
+    try:
+        wait_healthy(base_url, proc, args.timeout)
+        t0 = time.time()
+        out = ask(base_url, models.target, args.question)
+        out["latency_s"] = round(time.time() - t0, 3)
+        print("\n[demo] question:", args.question)
+        reasoning = out["reasoning"] or ""
+        shown = reasoning if len(reasoning) <= 600 else reasoning[:600] + f"... ({len(reasoning)} chars)"
+        print("[demo] reasoning:", json.dumps(shown))
+        print("[demo] answer:", json.dumps(out["answer"]))
+        print("[demo] completion tokens:", out["completion_tokens"], "finish:", out["finish_reason"],
+              "latency_s:", out["latency_s"])
+        print("[demo] server:", json.dumps(extension_info(base_url)))
+        print("[demo] RESULT " + json.dumps(out), flush=True)
+        if args.keep_running:
+            print(f"[demo] server running at {base_url} (Ctrl-C to stop)", flush=True)
+            proc.wait()
+        return 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if log:
+            log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
