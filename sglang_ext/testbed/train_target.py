@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from sglang_ext.testbed import task
 from sglang_ext.testbed.common import collate, encode_example, encode_prompt, greedy_generate, \
     load_if_exists, lr_at, save_atomic
-from sglang_ext.testbed.modeling import IGNORE_INDEX, ModelShape, build_target
+from sglang_ext.testbed.modeling import IGNORE_INDEX, ModelShape, aux_layer_ids, build_target
 from sglang_ext.testbed.tokenizer import build_tokenizer, save_tokenizer
 
 #: Fraction of training sequences without thinking (``enable_thinking=False`` prompts).
@@ -49,6 +49,11 @@ class TargetTrainConfig:
     result_weight: float = 5.0
     #: Operand-count weights (2, 3, 4 operands) of phase-2 problems.
     arith_operand_weights: Tuple[float, float, float] = (0.2, 0.3, 0.5)
+    #: Phase 2 also trains a throwaway linear head (no bias) on the EAGLE3 features to
+    #: read progress and log-remain of the think span (weight of that loss; 0 = off), so
+    #: that the features the SpecExit rows probe encode them linearly.  The head is not
+    #: part of the target; the SpecExit rows are fitted afresh in stage 4.
+    aux_signal_weight: float = 0.5
 
 
 def batch_for_step(tok, seed: int, step: int, batch_size: int):
@@ -107,6 +112,50 @@ def weighted_lm_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.
     return (ce * w).sum() / w.sum().clamp(min=1.0)
 
 
+def think_span_targets(ids: torch.Tensor, labels: torch.Tensor, think_close_id: int):
+    """Progress and log-remain targets of think positions of reference sequences.
+
+    Position ``p`` holds the ``t``-th generated token (``t = p - prompt_len + 1``) and
+    belongs to the think span when ``t <= T`` (``T``: generated tokens before ``</think>``).
+
+    Returns
+    -------
+    progress, log_remain : torch.Tensor
+        ``# [batch_size, seq_len]`` (0 outside the span).
+    mask : torch.Tensor
+        ``# [batch_size, seq_len]`` bool, think positions.
+
+    Examples
+    --------
+    >>> ids = torch.tensor([[5, 5, 7, 7, 7, 4, 9]])            # prompt 2, T = 3
+    >>> lab = torch.tensor([[-100, -100, 7, 7, 7, 4, 9]])
+    >>> prog, logrem, mask = think_span_targets(ids, lab, 4)
+    >>> mask.tolist(), [round(x, 3) for x in prog[0].tolist()]
+    ([[False, False, True, True, True, False, False]], [0.0, 0.0, 0.333, 0.667, 1.0, 0.0, 0.0])
+    """
+    B, S = ids.shape
+    prog = torch.zeros(B, S)
+    logrem = torch.zeros(B, S)
+    mask = torch.zeros(B, S, dtype=torch.bool)
+    for r in range(B):
+        lab = labels[r].tolist()
+        if all(x == IGNORE_INDEX for x in lab):
+            continue
+        start = next(i for i, x in enumerate(lab) if x != IGNORE_INDEX)
+        row = ids[r].tolist()
+        if think_close_id not in row[start:]:
+            continue
+        close = row.index(think_close_id, start)
+        T = close - start
+        if T <= 0:
+            continue
+        t = torch.arange(1, T + 1, dtype=torch.float32)
+        prog[r, start:close] = t / T
+        logrem[r, start:close] = torch.log((T - t).clamp(min=1.0))
+        mask[r, start:close] = True
+    return prog, logrem, mask
+
+
 def evaluate_target(model, tok, problems: List[task.Problem], max_new_tokens: int = 320) -> dict:
     """Greedy accuracy, mean re-check paragraphs and completion rate on ``problems``."""
     prompts = [encode_prompt(tok, p.question) for p in problems]
@@ -124,22 +173,32 @@ def evaluate_target(model, tok, problems: List[task.Problem], max_new_tokens: in
 
 def _train_phase(model, tok, ckpt_path: str, name: str, steps: int, lr: float, warmup: int,
                  cfg: TargetTrainConfig, make_batch: Callable[[int], tuple],
-                 weights_fn: Optional[Callable], eval_problems, progress: bool):
-    """One phase with its own AdamW and schedule; resumes from / writes ``ckpt_path``."""
+                 weights_fn: Optional[Callable], eval_problems, progress: bool,
+                 aux_fn: Optional[Callable] = None, aux_head: Optional[torch.nn.Module] = None):
+    """One phase with its own AdamW and schedule; resumes from / writes ``ckpt_path``.
+
+    ``aux_fn(hidden_states, ids, labels, head) -> loss`` adds an auxiliary loss on the
+    HF ``hidden_states`` with the extra trainable ``aux_head``.
+    """
     from tqdm import tqdm
 
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95),
-                            weight_decay=cfg.weight_decay)
+    params = list(model.parameters()) + (list(aux_head.parameters()) if aux_head is not None else [])
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     start, losses, evals = 0, [], []
     ck = load_if_exists(ckpt_path)
     if ck is not None:
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
+        if aux_head is not None:
+            aux_head.load_state_dict(ck["aux_head"])
         start, losses, evals = ck["step"], ck["losses"], ck["evals"]
 
     def checkpoint(step):
-        save_atomic({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                     "losses": losses, "evals": evals}, ckpt_path)
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                 "losses": losses, "evals": evals}
+        if aux_head is not None:
+            state["aux_head"] = aux_head.state_dict()
+        save_atomic(state, ckpt_path)
 
     bar = tqdm(range(start, steps), desc=name, disable=not progress, initial=start, total=steps)
     for step in bar:
@@ -147,14 +206,17 @@ def _train_phase(model, tok, ckpt_path: str, name: str, steps: int, lr: float, w
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
         ids, labels, _ = make_batch(step)
-        if weights_fn is None:
+        if weights_fn is None and aux_fn is None:
             loss = model(input_ids=ids, labels=labels, use_cache=False).loss
         else:
-            logits = model(input_ids=ids, use_cache=False).logits
-            loss = weighted_lm_loss(logits, labels, weights_fn(labels))
+            out = model(input_ids=ids, use_cache=False, output_hidden_states=aux_fn is not None)
+            w = weights_fn(labels) if weights_fn is not None else (labels != IGNORE_INDEX).float()
+            loss = weighted_lm_loss(out.logits, labels, w)
+            if aux_fn is not None:
+                loss = loss + aux_fn(out.hidden_states, ids, labels, aux_head)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
@@ -194,13 +256,32 @@ def train_target(out_dir: str, seed: int, shape: ModelShape, cfg: TargetTrainCon
     if cfg.arith_steps > 0:
         eq_id = tok.convert_tokens_to_ids(" =")
         stop_id = tok.convert_tokens_to_ids(".")
+        close_id = tok.convert_tokens_to_ids(task.THINK_CLOSE)
+        aux_ids = aux_layer_ids(shape.num_layers)
+        aux_head, aux_fn = None, None
+        if cfg.aux_signal_weight > 0:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed + 2)
+                aux_head = torch.nn.Linear(3 * shape.hidden_size, 2, bias=False)
+            torch.nn.init.zeros_(aux_head.weight)
+
+            def aux_fn(hidden_states, ids, labels, head):
+                feats = torch.cat([hidden_states[i] for i in aux_ids], dim=-1)
+                prog, logrem, mask = think_span_targets(ids, labels, close_id)
+                if not mask.any():
+                    return feats.sum() * 0.0
+                z = head(feats[mask])
+                return cfg.aux_signal_weight * (
+                    F.mse_loss(torch.sigmoid(z[:, 0]), prog[mask]) * 10.0
+                    + F.mse_loss(z[:, 1], logrem[mask]))
+
         l2, e2 = _train_phase(
             model, tok, os.path.join(out_dir, "target_arith_ckpt.pt"), "target-arith",
             cfg.arith_steps, cfg.arith_lr, cfg.arith_warmup, cfg,
             lambda step: arith_batch_for_step(tok, seed, step, cfg.batch_size,
                                               cfg.arith_operand_weights),
             lambda labels: result_token_weights(labels, eq_id, stop_id, cfg.result_weight),
-            eval_problems, progress)
+            eval_problems, progress, aux_fn, aux_head)
         losses, evals = losses + l2, evals + e2
 
     final_eval = evaluate_target(model, tok, eval_problems)
