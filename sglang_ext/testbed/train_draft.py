@@ -15,7 +15,7 @@ import json
 import os
 import random
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,13 +27,15 @@ from sglang_ext.testbed.traces import Trace, load_traces
 
 @dataclass(frozen=True)
 class DraftTrainConfig:
-    steps: int = 600
+    steps: int = 500
     batch_size: int = 16
     lr: float = 2e-3
     warmup: int = 30
     weight_decay: float = 0.0
     ttt_steps: int = 3
-    ckpt_every: int = 50
+    ckpt_every: int = 25
+    #: Capture the target features of all traces once (fp16) instead of every step.
+    cache_features: bool = True
 
 
 def ttt_labels(ids: torch.Tensor, labels: torch.Tensor, num_steps: int) -> List[torch.Tensor]:
@@ -69,10 +71,35 @@ def ttt_labels(ids: torch.Tensor, labels: torch.Tensor, num_steps: int) -> List[
     return out
 
 
-def draft_batch(traces: List[Trace], seed: int, step: int, batch_size: int):
+def draft_batch(traces: List[Trace], seed: int, step: int, batch_size: int,
+                features: Optional[List[torch.Tensor]] = None):
+    """Batch of ``step`` (pure function of ``(seed, step)``): ids, labels, lengths and,
+    when ``features`` (cached per trace) is given, ``# [batch_size, seq_len, 3H]`` fp32 features."""
     rng = random.Random(f"sglang_ext-draft-{seed}-{step}")
-    picks = [traces[rng.randrange(len(traces))] for _ in range(batch_size)]
-    return collate([Example(t.ids, t.prompt_len) for t in picks])
+    picks = [rng.randrange(len(traces)) for _ in range(batch_size)]
+    ids, labels, lengths = collate([Example(traces[i].ids, traces[i].prompt_len) for i in picks])
+    if features is None:
+        return ids, labels, lengths, None
+    feats = torch.zeros(len(picks), ids.shape[1], features[picks[0]].shape[-1])
+    for r, i in enumerate(picks):
+        feats[r, : features[i].shape[0]] = features[i].float()
+    return ids, labels, lengths, feats
+
+
+@torch.no_grad()
+def cache_features(target, traces: List[Trace], batch: int = 32, progress: bool = False):
+    """Target features of every trace, ``# [len, 3H]`` each, stored in fp16 (once per run)."""
+    from tqdm import tqdm
+
+    order = sorted(range(len(traces)), key=lambda i: len(traces[i].ids))
+    out: List[Optional[torch.Tensor]] = [None] * len(traces)
+    chunks = [order[s : s + batch] for s in range(0, len(order), batch)]
+    for chunk in tqdm(chunks, desc="features", disable=not progress, leave=False):
+        ids, _, _ = collate([Example(traces[i].ids, traces[i].prompt_len) for i in chunk])
+        _, feats = capture_features(target, ids)
+        for r, i in enumerate(chunk):
+            out[i] = feats[r, : len(traces[i].ids)].to(torch.float16).clone()
+    return out
 
 
 def train_draft(out_dir: str, seed: int, cfg: DraftTrainConfig, progress: bool = True) -> dict:
@@ -112,15 +139,17 @@ def train_draft(out_dir: str, seed: int, cfg: DraftTrainConfig, progress: bool =
         opt.load_state_dict(ck["opt"])
         start, losses, accs = ck["step"], ck["losses"], ck["accs"]
 
+    features = cache_features(target, traces, progress=progress) if cfg.cache_features else None
     bar = tqdm(range(start, cfg.steps), desc="draft", disable=not progress, initial=start,
                total=cfg.steps)
     for step in bar:
         draft.train()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
-        ids, labels, _ = draft_batch(traces, seed, step, cfg.batch_size)
-        with torch.no_grad():
-            _, feats = capture_features(target, ids)
+        ids, labels, _, feats = draft_batch(traces, seed, step, cfg.batch_size, features)
+        if feats is None:
+            with torch.no_grad():
+                _, feats = capture_features(target, ids)
         logits = draft.ttt_forward(ids, feats, cfg.ttt_steps)
         targets = ttt_labels(ids, labels, cfg.ttt_steps)
         loss = 0.0
