@@ -232,9 +232,9 @@ def register_hooks() -> None:
     from sglang_ext.engine.specexit_hooks import register_specexit_hooks  # [specexit_glue]
 
     register_specexit_hooks()  # custom_params check, meta_info, /server_info, SpecExit draft class (patches/INDEX.md)
-    from sglang_ext.engine.draft_capture import register_hooks as register_draft_capture_hooks  # [dcut_glue]
+    from sglang_ext.engine.dcut_hooks import register_hooks as register_dcut_hooks  # [dcut_glue]
 
-    register_draft_capture_hooks()  # organize_draft_results: tree path scores (patches/organize_draft_results.md)
+    register_dcut_hooks()  # draft confidences + D-Cut in /server_info (patches/INDEX.md)
     _register_cpu_backend()
     _registered = True
 

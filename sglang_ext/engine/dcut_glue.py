@@ -1,0 +1,630 @@
+"""D-Cut in SGLang's EAGLE/EAGLE3 worker: pruned, compacted target verification (SGLang glue).
+
+:class:`DCutRunner` is created by ``ExtEAGLEWorker`` when ``--dcut`` is not ``off`` and runs
+inside its ``verify()``. One decode step (``VERIFY_EDIT_MAP.md`` section 5, "Route B")::
+
+    draft (full tree, N nodes per request)
+      -> DraftCapture scores                    [bs, N] survival (root 1)
+      -> exemptions (grammar, logprobs, penalties/logit bias, rejection sampling): full tree
+      -> planner: tier + global top-K           sglang_ext.dcut.choose
+      -> agree on (keep mask, tier) across TP   rank 0 broadcasts
+      -> compact_tree + build_full_mask         kept nodes only, ragged, padded to the tier width
+      -> verify_input links cut                 pruned nodes unreachable for eagle_sample
+      -> SGLang's own run_eagle_verify, with the target forward intercepted:
+           forward batch compacted  (input_ids, positions, out_cache_loc, custom mask,
+                                     RaggedVerifyLayout) -> target forward over T rows
+           logits / hidden states scattered back to the strided [bs * N] layout
+      -> eagle_sample, commit, tree compaction: unchanged (strided)
+
+Worked example (bs = 2, chain, N = 4, tier 0.5 -> width ceil(2 * 4 * 0.5) = 4 tokens)::
+
+    survival (drafts)  [[0.9, 0.8, 0.1], [0.7, 0.2, 0.1]]   -> keep_lens [2, 0]
+    strided rows       [r0 d1 d2 d3 | r1 d1 d2 d3]           (8 rows, full verify)
+    compact rows       [r0 d1 d2 | r1]                       (4 rows, kept_index [0, 1, 2, 4])
+    next_token (cut)   [[1, 2, -1, -1], [-1, -1, -1, -1]]    request 1 accepts at most its root
+    logits after scatter-back: rows 3, 5, 6, 7 are 0 (never read: unreachable)
+
+KV consistency (``VERIFY_EDIT_MAP.md`` section 3): kept nodes write their KV into their own
+strided window slots (``kv_loc_plan.bind(..., cols=kept_index)``); pruned slots are never
+written, lie past every possible committed length and are ordinary over-allocation that the
+request's release frees. No slot is allocated or freed here, so nothing can leak.
+
+Tiers and TP: the tier and the keep mask are computed on every rank and taken from rank 0
+(:func:`agree_across_ranks`), so all ranks run the same shapes. On CPU the torch attention
+backend runs the ragged shapes eagerly; on GPU each tier would own a captured graph (the
+FlashInfer tier backend is not part of this module; GPU path not yet run).
+
+Metrics (:class:`DCutMetrics`) are bonus-inclusive like the planner: a step verifies
+``verified_tokens`` target rows (roots included, padding excluded) out of ``bs * N``; its
+``accepted_tokens`` is ``sum(accept_lens)`` (bonus included, SGLang's convention); the
+acceptance rate of kept drafts is ``(accepted_tokens - bs) / (verified_tokens - bs)``, the
+corrected denominator (SGLang's own rate assumes ``N - 1`` drafts per request).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from sglang_ext.dcut import (
+    MODE_AUTO,
+    MODE_OFF,
+    NO_TIER,
+    CostTable,
+    TreeTopology,
+    build_full_mask,
+    chain_keep_mask,
+    choose,
+    compact_tree,
+    scatter_to_full,
+    tier_keep_counts,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DCutRunner",
+    "DCutMetrics",
+    "StepDecision",
+    "agree_across_ranks",
+    "exemption_reasons",
+    "EXEMPT_REASONS",
+    "FULL_TIER",
+]
+
+EXEMPT_REASONS = ("grammar", "logprobs", "penalties", "rejection_sampling")
+"""Why a request keeps its full tree (counted per request in the metrics)."""
+FULL_TIER = "full"
+"""Histogram key of steps verified at full width (no pruning)."""
+LOG_INTERVAL_STEPS = 50
+"""Steps between two D-Cut log lines."""
+_MAX_STEP_GAP_S = 5.0  # verify-to-verify intervals longer than this are idle time, not a step
+
+
+# ----------------------------------------------------------------------------- exemptions
+def exemption_reasons(req: Any, batch_return_logprob: bool = True) -> Tuple[str, ...]:
+    """Reasons a request keeps its full draft tree (empty when it may be pruned).
+
+    Parameters
+    ----------
+    req : sglang Req
+        Reads ``grammar``, ``return_logprob`` and ``sampling_params`` (penalties, logit bias,
+        min_new_tokens).
+    batch_return_logprob : bool
+        ``batch.return_logprob`` (no request returns logprobs when False).
+
+    Returns
+    -------
+    tuple of str
+        Subset of :data:`EXEMPT_REASONS` (rejection sampling is server-wide, see the runner).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> sp = NS(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, logit_bias=None,
+    ...         min_new_tokens=0)
+    >>> exemption_reasons(NS(grammar=None, return_logprob=False, sampling_params=sp))
+    ()
+    >>> exemption_reasons(NS(grammar=object(), return_logprob=True, sampling_params=sp))
+    ('grammar', 'logprobs')
+    """
+    out = []
+    if getattr(req, "grammar", None) is not None:
+        out.append("grammar")
+    if batch_return_logprob and getattr(req, "return_logprob", False):
+        out.append("logprobs")
+    sp = getattr(req, "sampling_params", None)
+    if sp is not None and (
+        (getattr(sp, "frequency_penalty", 0.0) or 0.0) != 0.0
+        or (getattr(sp, "presence_penalty", 0.0) or 0.0) != 0.0
+        or (getattr(sp, "repetition_penalty", 1.0) or 1.0) != 1.0
+        or bool(getattr(sp, "logit_bias", None))
+        or (getattr(sp, "min_new_tokens", 0) or 0) > 0
+    ):
+        out.append("penalties")
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- TP agreement
+def agree_across_ranks(
+    keep_mask: torch.Tensor,  # [batch_size, num_draft_tokens] bool
+    tier_index: int,
+    group: Any,
+) -> Tuple[torch.Tensor, int]:
+    """Make every TP rank use rank 0's keep mask and tier (one broadcast of a packed tensor).
+
+    ``group`` is SGLang's ``GroupCoordinator`` (``get_parallel().tp_group``) or any object with
+    ``world_size`` and ``broadcast(tensor, src)`` (in place, like ``torch.distributed``).
+    With one rank (or ``group=None``) the inputs are returned unchanged.
+
+    Parameters
+    ----------
+    keep_mask : torch.Tensor
+        ``[batch_size, num_draft_tokens]`` bool, this rank's kept nodes.
+    tier_index : int
+        This rank's tier (``NO_TIER`` allowed).
+    group : GroupCoordinator or None
+
+    Returns
+    -------
+    (keep_mask, tier_index) : rank 0's values.
+
+    Examples
+    --------
+    >>> class Rank1:  # a fake 2-rank group whose rank 0 kept only the roots, tier 0
+    ...     world_size = 2
+    ...     def broadcast(self, t, src=0):
+    ...         t.zero_(); t[0] = t[2] = 1; return t
+    >>> keep, tier = agree_across_ranks(torch.ones(2, 2, dtype=torch.bool), 3, Rank1())
+    >>> keep.int().tolist(), tier
+    ([[1, 0], [1, 0]], 0)
+    """
+    if group is None or int(getattr(group, "world_size", 1)) <= 1:
+        return keep_mask, tier_index
+    packed = torch.empty(keep_mask.numel() + 1, dtype=torch.int32, device=keep_mask.device)
+    packed[:-1].copy_(keep_mask.reshape(-1))
+    packed[-1] = int(tier_index)
+    group.broadcast(packed, src=0)
+    return packed[:-1].view(keep_mask.shape).to(torch.bool), int(packed[-1].item())
+
+
+# ----------------------------------------------------------------------------- metrics
+@dataclass
+class StepDecision:
+    """What one verify step did (host values; see the module docstring for conventions)."""
+
+    batch_size: int
+    num_draft_tokens: int
+    tier: str  # tier ratio as text ("0.5"), FULL_TIER, or "fallback:<ratio>"
+    mode: str
+    verified_tokens: int  # kept rows incl. roots (padding excluded); bs * N when not pruned
+    padded_tokens: int  # rows of the target forward (tier width)
+    exempt_requests: int
+    predicted_ms: Optional[float] = None
+
+
+@dataclass
+class DCutMetrics:
+    """Running D-Cut statistics of one worker (host counters + device accumulators)."""
+
+    tiers: Tuple[float, ...]
+    steps: int = 0
+    pruned_steps: int = 0
+    full_tokens: int = 0  # sum of bs * N
+    verified_tokens: int = 0  # sum of kept rows (bonus-inclusive)
+    padded_tokens: int = 0  # sum of target-forward rows
+    requests: int = 0  # sum of bs
+    tier_histogram: Dict[str, int] = field(default_factory=dict)
+    exempt_requests: Dict[str, int] = field(default_factory=lambda: {r: 0 for r in EXEMPT_REASONS})
+    uncaptured_steps: int = 0
+    predicted_ms_sum: float = 0.0
+    measured_ms_sum: float = 0.0
+    timed_steps: int = 0
+    _accepted: Optional[torch.Tensor] = None  # device scalar, sum of accept_lens
+    _accepted_host: int = 0
+    _last: Optional[StepDecision] = None
+    _last_time: Optional[float] = None
+
+    def record(self, d: StepDecision, accept_lens: Optional[torch.Tensor]) -> None:  # accept_lens: [batch_size]
+        now = time.perf_counter()
+        if self._last is not None and self._last_time is not None:
+            gap = now - self._last_time
+            if gap < _MAX_STEP_GAP_S and self._last.predicted_ms is not None:
+                self.measured_ms_sum += gap * 1e3
+                self.predicted_ms_sum += self._last.predicted_ms
+                self.timed_steps += 1
+        self._last, self._last_time = d, now
+        self.steps += 1
+        self.requests += d.batch_size
+        self.full_tokens += d.batch_size * d.num_draft_tokens
+        self.verified_tokens += d.verified_tokens
+        self.padded_tokens += d.padded_tokens
+        if d.verified_tokens < d.batch_size * d.num_draft_tokens:
+            self.pruned_steps += 1
+        self.tier_histogram[d.tier] = self.tier_histogram.get(d.tier, 0) + 1
+        if accept_lens is not None:
+            s = accept_lens.detach().sum().to(torch.int64)
+            self._accepted = s if self._accepted is None else self._accepted + s
+
+    def accepted_tokens(self) -> int:
+        """Sum of ``accept_lens`` over recorded steps (one host sync, folded into a host int)."""
+        if self._accepted is not None:
+            self._accepted_host += int(self._accepted.item())
+            self._accepted = None
+        return self._accepted_host
+
+    def summary(self) -> Dict[str, Any]:
+        """JSON-able snapshot (``/server_info`` ``internal_states[i]["dcut"]["metrics"]``)."""
+        accepted = self.accepted_tokens()
+        kept_drafts = self.verified_tokens - self.requests
+        return {
+            "steps": self.steps,
+            "pruned_steps": self.pruned_steps,
+            "keep_ratio": (self.verified_tokens / self.full_tokens) if self.full_tokens else None,
+            "verified_tokens": self.verified_tokens,
+            "padded_tokens": self.padded_tokens,
+            "full_tokens": self.full_tokens,
+            "accepted_tokens": accepted,
+            "accepted_per_verified": (accepted / self.verified_tokens) if self.verified_tokens else None,
+            "draft_accept_rate": ((accepted - self.requests) / kept_drafts) if kept_drafts > 0 else None,
+            "mean_accept_length": (accepted / self.requests) if self.requests else None,
+            "tier_histogram": dict(sorted(self.tier_histogram.items())),
+            "exempt_requests": dict(self.exempt_requests),
+            "uncaptured_steps": self.uncaptured_steps,
+            "predicted_step_ms": (self.predicted_ms_sum / self.timed_steps) if self.timed_steps else None,
+            "measured_step_ms": (self.measured_ms_sum / self.timed_steps) if self.timed_steps else None,
+        }
+
+    def log_line(self) -> str:
+        s = self.summary()
+
+        def f(x, fmt="{:.3f}"):
+            return "n/a" if x is None else fmt.format(x)
+
+        hist = ", ".join(f"{k}:{v}" for k, v in s["tier_histogram"].items())
+        return (f"D-Cut: steps {s['steps']}, keep ratio {f(s['keep_ratio'])}, verified {s['verified_tokens']} / "
+                f"accepted {s['accepted_tokens']} tokens (draft accept rate {f(s['draft_accept_rate'])}), "
+                f"tiers [{hist}], step ms predicted {f(s['predicted_step_ms'], '{:.2f}')} / measured "
+                f"{f(s['measured_step_ms'], '{:.2f}')}, exempt {s['exempt_requests']}")
+
+
+# ----------------------------------------------------------------------------- compact verify
+@dataclass
+class _CompactVerify:
+    """Everything the intercepted target forward needs for one pruned step."""
+
+    kept_index: torch.Tensor  # [num_tokens] int64, strided global id, PAD_INDEX on pad rows
+    draft_token: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    custom_mask: torch.Tensor  # [mask_len] bool, compact FULL layout
+    layout: Any  # RaggedVerifyLayout
+    total_nodes: int  # bs * N (rows of the strided layout)
+
+
+def _make_layout(counts: torch.Tensor, qo_indptr: torch.Tensor, num_tokens: int):
+    """SGLang's ``RaggedVerifyLayout`` for per-request verify lengths (device only, no host sync)."""
+    from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
+
+    return RaggedVerifyLayout(
+        verify_lens=counts.to(torch.int32),  # [batch_size]
+        graph_num_tokens=int(num_tokens),
+        extend_start_loc=qo_indptr[:-1].to(torch.int32),  # [batch_size]
+        qo_indptr_device=qo_indptr.to(torch.int32),  # [batch_size + 1]
+    )
+
+
+class _TargetForwardInterceptor:
+    """Per-instance wrapper of ``target_worker.forward_batch_generation`` for one verify call.
+
+    The TARGET_VERIFY forward batch that ``run_eagle_verify`` built (strided, ``bs * N`` rows) is
+    compacted in place, the original forward runs over the kept rows, the outputs are scattered
+    back to the strided layout, and every compacted field of the forward batch is restored.
+    """
+
+    def __init__(self, target_worker: Any, plan: _CompactVerify):
+        self.target_worker = target_worker
+        self.plan = plan
+        self.calls = 0
+        self._saved = None
+
+    def __enter__(self):
+        tw = self.target_worker
+        self._had_instance_attr = "forward_batch_generation" in vars(tw)
+        self._saved = vars(tw).get("forward_batch_generation")
+        original = tw.forward_batch_generation
+
+        def forward_batch_generation(*args, **kwargs):
+            fb = kwargs.get("forward_batch")
+            if not kwargs.get("is_verify", False) or fb is None or not fb.forward_mode.is_target_verify():
+                return original(*args, **kwargs)
+            self.calls += 1
+            return self._run(original, fb, args, kwargs)
+
+        tw.forward_batch_generation = forward_batch_generation
+        return self
+
+    def __exit__(self, *exc):
+        tw = self.target_worker
+        if self._had_instance_attr:
+            tw.forward_batch_generation = self._saved
+        else:
+            vars(tw).pop("forward_batch_generation", None)
+        return False
+
+    def _run(self, original: Callable, fb: Any, args, kwargs):
+        p = self.plan
+        saved = {
+            "input_ids": fb.input_ids,
+            "positions": fb.positions,
+            "spec_info": fb.spec_info,
+            "out_cache_loc": fb.out_cache_loc,
+            "out_cache_loc_virtual": getattr(fb, "out_cache_loc_virtual", None),
+            "out_cache_loc_is_physical": getattr(fb, "out_cache_loc_is_physical", False),
+            "kv_loc_cols": getattr(fb, "kv_loc_cols", None),
+        }
+        spec = copy.copy(fb.spec_info)
+        spec.custom_mask = p.custom_mask
+        spec.positions = p.positions
+        spec.ragged_verify_layout = p.layout
+        # never "fits" a uniform-width captured graph (VERIFY_EDIT_MAP 5, step 6)
+        spec.num_tokens_per_req = -1 if p.kept_index.shape[0] != p.total_nodes else spec.num_tokens_per_req
+        fb.spec_info = spec
+        fb.input_ids = p.draft_token
+        fb.positions = p.positions
+        plan = getattr(fb, "kv_loc_plan", None)
+        translator = getattr(self.target_worker.model_runner, "kv_index_translator", None)
+        if plan is not None and translator is not None:
+            plan.bind(fb, translator, cols=p.kept_index)
+        else:  # no plan: gather the strided window directly (pad rows -> sink slot 0)
+            loc = saved["out_cache_loc"]
+            fb.out_cache_loc = torch.where(p.kept_index >= 0, loc[p.kept_index.clamp(min=0)],
+                                           torch.zeros_like(p.kept_index).to(loc.dtype))
+        self._reset_token_counts(fb)
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            fb.spec_info = saved["spec_info"]
+            fb.input_ids = saved["input_ids"]
+            fb.positions = saved["positions"]
+            if plan is not None and translator is not None:
+                plan.bind(fb, translator, cols=saved["kv_loc_cols"])
+            fb.out_cache_loc = saved["out_cache_loc"]
+            if hasattr(fb, "out_cache_loc_virtual"):
+                fb.out_cache_loc_virtual = saved["out_cache_loc_virtual"]
+            fb.out_cache_loc_is_physical = saved["out_cache_loc_is_physical"]
+            self._reset_token_counts(fb)
+        lo = result.logits_output
+        if lo is not None:
+            if lo.next_token_logits is not None:
+                lo.next_token_logits = scatter_to_full(lo.next_token_logits, p.kept_index, p.total_nodes)
+            if lo.hidden_states is not None:
+                lo.hidden_states = scatter_to_full(lo.hidden_states, p.kept_index, p.total_nodes)
+        return result
+
+    def _reset_token_counts(self, fb: Any) -> None:
+        init = getattr(fb, "_init_num_token_non_padded", None)
+        if init is not None:
+            init(device=self.target_worker.model_runner.device, is_draft_worker=False)
+
+
+# ----------------------------------------------------------------------------- the runner
+def _unsupported_reason(worker: Any) -> Optional[str]:
+    """Why D-Cut cannot prune on this server (None when it can)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel, get_spec
+
+        if get_parallel().pp_size > 1:
+            return "pipeline parallelism"
+        if bool(get_spec().speculative_adaptive):
+            return "--speculative-adaptive"
+    except Exception:  # runtime context unavailable (unit tests)
+        pass
+    try:
+        mc = worker.target_worker.model_runner.model_config
+        if getattr(mc, "mambaish_config", None) is not None:
+            return "hybrid (mamba) target models"
+    except AttributeError:
+        pass
+    try:
+        from sglang.srt.utils.common import require_mlp_sync
+
+        if require_mlp_sync():
+            return "DP attention / MLP sync"
+    except Exception:
+        pass
+    return None
+
+
+class DCutRunner:
+    """D-Cut for one ``ExtEAGLEWorker`` (see the module docstring).
+
+    Parameters
+    ----------
+    worker : ExtEAGLEWorker
+        The EAGLE worker (``draft_capture``, ``target_worker``, ``topk``,
+        ``speculative_num_draft_tokens`` are read).
+    cfg : sglang_ext.config.DCutConfig
+        ``mode`` (auto / ratio), ``tiers`` and the profiling settings.
+
+    Attributes
+    ----------
+    cost_table : CostTable or None
+        Set by :meth:`init_after_graphs` (None: the planner falls back to ratio 0.75).
+    table_info : dict
+        Where the table came from (``source``: profiled / cache / file / fallback, ``path``,
+        ``error``), shown in ``/server_info``.
+    forced_ratio : float or None
+        When set (profiling), every step uses this fixed ratio instead of ``cfg.mode``.
+    compact : bool
+        True: compacted forward (saves FLOPs). False: full forward with cut links only
+        ("Route C", the correctness oracle).
+    """
+
+    def __init__(self, worker: Any, cfg: Any):
+        self.cfg = cfg
+        self.tiers: Tuple[float, ...] = tuple(float(t) for t in cfg.tiers)
+        self.num_draft_tokens = int(worker.speculative_num_draft_tokens)
+        self.topk = int(worker.topk)
+        self.cost_table: Optional[CostTable] = None
+        self.table_info: Dict[str, Any] = {"source": "none"}
+        self.metrics = DCutMetrics(tiers=self.tiers)
+        self.forced_ratio: Optional[float] = None
+        self.compact = True
+        self.log_interval = LOG_INTERVAL_STEPS
+        self.unsupported = _unsupported_reason(worker)
+        if self.unsupported is not None:
+            logger.warning("D-Cut disabled: not supported with %s (full verification is used)", self.unsupported)
+
+    # ------------------------------------------------------------------ launch
+    def init_after_graphs(self, worker: Any) -> None:
+        """Obtain the cost table (cache, ``--dcut-cost-table`` or profiling) and publish it on the
+        target ``model_config``; any failure -> warning + fixed fallback ratio, never a crash."""
+        from sglang_ext.engine.profiler import obtain_cost_table, publish_cost_table
+
+        try:
+            self.cost_table, self.table_info = obtain_cost_table(self, worker)
+        except Exception as e:  # profiling must never take the server down
+            logger.warning("D-Cut: cost table unavailable (%s: %s); fallback ratio 0.75", type(e).__name__, e)
+            self.cost_table, self.table_info = None, {"source": "fallback", "error": f"{type(e).__name__}: {e}"}
+        publish_cost_table(worker, self.cost_table, self.table_info)
+
+    def info(self) -> Dict[str, Any]:
+        """Static description for ``/server_info`` (``get_init_info``)."""
+        return {
+            "mode": self.cfg.mode,
+            "tiers": list(self.tiers),
+            "num_draft_tokens": self.num_draft_tokens,
+            "topk": self.topk,
+            "unsupported": self.unsupported,
+            "cost_table": None if self.cost_table is None else self.cost_table.to_dict(),
+            "cost_table_info": dict(self.table_info),
+        }
+
+    # ------------------------------------------------------------------ per step
+    def _mode(self):
+        if self.forced_ratio is not None:
+            return float(self.forced_ratio)
+        return self.cfg.mode  # "auto" or a float ratio
+
+    def verify(self, worker: Any, batch: Any, pp_proxy_tensors: Any, grammar_barrier: Any,
+               base_verify: Callable) -> Any:
+        """Pruned verification of one decode step; returns SGLang's ``GenerationBatchResult``."""
+
+        def full():
+            return base_verify(batch, pp_proxy_tensors=pp_proxy_tensors, grammar_barrier=grammar_barrier)
+
+        if self.unsupported is not None or batch.forward_mode.is_idle() or batch.spec_info is None:
+            return full()
+        vi = batch.spec_info
+        bs = len(batch.seq_lens)
+        n = self.num_draft_tokens
+        if bs == 0 or not hasattr(vi, "retrieve_next_token"):
+            return full()
+
+        decision, prepared = self._plan(worker, batch, vi, bs, n)
+        if prepared is None:
+            result = full()
+        elif not self.compact:
+            vi.retrieve_next_token, vi.retrieve_next_sibling = prepared[1]
+            result = full()
+        else:
+            plan, links = prepared
+            vi.retrieve_next_token, vi.retrieve_next_sibling = links
+            with _TargetForwardInterceptor(worker.target_worker, plan) as icpt:
+                result = full()
+            if icpt.calls != 1:
+                raise RuntimeError(f"D-Cut: expected one intercepted target verify forward, saw {icpt.calls}")
+        self.metrics.record(decision, getattr(result, "accept_lens", None))
+        if self.log_interval and self.forced_ratio is None and self.metrics.steps % self.log_interval == 0:
+            logger.info(self.metrics.log_line())
+        return result
+
+    def _exemptions(self, batch: Any, bs: int) -> List[bool]:
+        from sglang.srt.runtime_context import get_spec
+
+        reqs = list(getattr(batch, "reqs", None) or [])
+        if bool(get_spec().speculative_use_rejection_sampling):
+            self.metrics.exempt_requests["rejection_sampling"] += bs
+            return [True] * bs
+        exempt = []
+        rl = bool(getattr(batch, "return_logprob", False))
+        for i in range(bs):
+            reasons = exemption_reasons(reqs[i], rl) if i < len(reqs) else ()
+            for r in reasons:
+                self.metrics.exempt_requests[r] += 1
+            exempt.append(bool(reasons))
+        return exempt
+
+    def _plan(self, worker: Any, batch: Any, vi: Any, bs: int, n: int):
+        """(StepDecision, None | (_CompactVerify, cut links)) for this step."""
+        full_decision = StepDecision(bs, n, FULL_TIER, MODE_OFF, bs * n, bs * n, 0)
+        exempt = self._exemptions(batch, bs)
+        n_exempt = sum(exempt)
+        full_decision.exempt_requests = n_exempt
+        cand = [i for i in range(bs) if not exempt[i]]
+        if not cand or n <= 1:
+            return full_decision, None
+        cap = getattr(worker, "draft_capture", None)
+        if cap is None:
+            self.metrics.uncaptured_steps += 1
+            return full_decision, None
+        scores = cap.scores_for_verify(vi, bs)
+        cap.mark_consumed()
+        if not scores.valid:
+            self.metrics.uncaptured_steps += 1
+            return full_decision, None
+
+        nt, ns = vi.retrieve_next_token, vi.retrieve_next_sibling  # [bs, N]
+        device = nt.device
+        sub = torch.tensor(cand, dtype=torch.int64, device=device) if n_exempt else None
+        topology = None
+        if scores.is_tree:
+            s = scores.survival
+            if sub is not None:
+                topology = TreeTopology.from_retrive(nt.index_select(0, sub), ns.index_select(0, sub))
+            else:
+                topology = TreeTopology.from_retrive(nt, ns)
+        else:
+            s = scores.draft_survival
+        if sub is not None:
+            s = s.index_select(0, sub)
+        plan = choose(s, self.cost_table, self.tiers, self._mode(), topology=topology, num_draft_tokens=n)
+
+        nb = len(cand)
+        predicted = None
+        if plan.mode == MODE_AUTO and self.cost_table is not None and plan.tier_index != NO_TIER:
+            row = self.cost_table.lookup(bs)
+            if row is not None:
+                predicted = float(row[1][plan.tier_index])
+        if plan.budget >= nb * (n - 1):
+            full_decision.mode = plan.mode
+            full_decision.predicted_ms = predicted
+            return full_decision, None
+        keep_sub = plan.keep_mask if plan.keep_mask is not None else chain_keep_mask(plan.keep_lens, n)
+        if sub is not None:
+            keep = torch.ones((bs, n), dtype=torch.bool, device=device)
+            keep[sub] = keep_sub
+        else:
+            keep = keep_sub
+        tier_index = plan.tier_index
+        keep, tier_index = agree_across_ranks(keep, tier_index, _tp_group())
+        if tier_index != NO_TIER:
+            width = tier_keep_counts(nb, n, self.tiers)[tier_index] + nb + n_exempt * n
+        else:
+            width = plan.verify_width + n_exempt * n
+        width = min(width, bs * n)
+        verified = plan.verify_width + n_exempt * n  # host upper bound; exact count below
+        ct = compact_tree(keep, vi.draft_token, vi.positions, nt, ns, num_tokens=width)
+        links = (ct.cut_next_token.to(nt.dtype), ct.cut_next_sibling.to(ns.dtype))
+        mask, _ = build_full_mask(ct.tree_block, ct.counts, batch.seq_lens)
+        cv = _CompactVerify(
+            kept_index=ct.kept_index,
+            draft_token=ct.draft_token.to(vi.draft_token.dtype),
+            positions=ct.positions.to(vi.positions.dtype),
+            custom_mask=mask,
+            layout=_make_layout(ct.counts, ct.qo_indptr, width),
+            total_nodes=bs * n,
+        )
+        if self.metrics.steps % 16 == 0 or device.type == "cpu":
+            verified = int(ct.counts.sum().item())  # exact on CPU (free); sampled on GPU
+        tier_name = (f"{self.tiers[tier_index]:g}" if tier_index != NO_TIER else f"ratio:{plan.ratio:g}")
+        if plan.mode == "fallback":
+            tier_name = f"fallback:{tier_name}"
+        decision = StepDecision(bs, n, tier_name, plan.mode, verified, width, n_exempt, predicted)
+        return decision, (cv, links)
+
+
+def _tp_group() -> Any:
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        group = get_parallel().tp_group
+    except Exception:
+        return None
+    return group if int(getattr(group, "world_size", 1)) > 1 else None
