@@ -277,10 +277,30 @@ class TorchSDPABackend(AttentionBackend):
         )
         return out.reshape(-1, hq * layer.v_head_dim)
 
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+    def forward_extend(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_q_heads * qk_head_dim]
+        k: Optional[torch.Tensor],  # [num_tokens, num_kv_heads, qk_head_dim]; None: read back at out_cache_loc
+        v: Optional[torch.Tensor],  # [num_tokens, num_kv_heads, v_head_dim]
+        layer: "RadixAttention",
+        forward_batch: "ForwardBatch",
+        save_kv_cache: bool = True,
+        **kwargs,
+    ) -> torch.Tensor:  # [num_tokens, num_q_heads * v_head_dim]
+        """EXTEND, MIXED, TARGET_VERIFY and DRAFT_EXTEND_V2 (SGLang routes all of them here)."""
         return self._forward(q, k, v, layer, forward_batch, save_kv_cache, kwargs)
 
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+    def forward_decode(
+        self,
+        q: torch.Tensor,  # [batch_size (* topk for draft steps), num_q_heads * qk_head_dim]
+        k: Optional[torch.Tensor],  # [batch_size (* topk), num_kv_heads, qk_head_dim]
+        v: Optional[torch.Tensor],  # [batch_size (* topk), num_kv_heads, v_head_dim]
+        layer: "RadixAttention",
+        forward_batch: "ForwardBatch",
+        save_kv_cache: bool = True,
+        **kwargs,
+    ) -> torch.Tensor:  # [batch_size (* topk), num_q_heads * v_head_dim]
+        """DECODE: plain decode, or one multi-step draft step when planned by the container."""
         return self._forward(q, k, v, layer, forward_batch, save_kv_cache, kwargs)
 
 
@@ -300,6 +320,9 @@ class TorchSDPAMultiStepDraftBackend:
     def __init__(self, model_runner: "ModelRunner", topk: int, speculative_num_steps: int):
         self.topk = int(topk)
         self.speculative_num_steps = int(speculative_num_steps)
+        page_size = int(getattr(model_runner.token_to_kv_pool, "page_size", 1) or 1)
+        if page_size != 1 and self.topk > 1:
+            raise NotImplementedError(f"{BACKEND_NAME}: topk > 1 drafting needs page_size 1, got {page_size}")
         self.device = model_runner.device
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.attn_backends: List[TorchSDPABackend] = [
