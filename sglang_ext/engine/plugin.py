@@ -15,6 +15,7 @@ target                                                                 type    p
 ``sglang.srt.entrypoints.engine.Engine.__init__``                      AROUND  Engine(**kwargs) support
 ``sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker`` AROUND  worker subclass swap
 ``sglang.srt.speculative.eagle_utils.default_tree_mask_mode``           AROUND  FULL mask for triton on CPU
+``sglang.srt.arg_groups.platform_hook.handle_cpu_backends``             BEFORE  torch_sdpa default on CPU testbed
 =====================================================================  ======  =======================
 
 plus the CPU testbed's torch attention backend registration (``engine/cpu/torch_backend.py``).
@@ -51,6 +52,8 @@ HOOK_FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
 HOOK_ENGINE_INIT = "sglang.srt.entrypoints.engine.Engine.__init__"
 HOOK_CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
 HOOK_TREE_MASK_MODE = "sglang.srt.speculative.eagle_utils.default_tree_mask_mode"
+HOOK_CPU_BACKENDS = "sglang.srt.arg_groups.platform_hook.handle_cpu_backends"
+CPU_TESTBED_ATTENTION_BACKEND = "torch_sdpa"
 
 _registered = False
 
@@ -215,6 +218,28 @@ def _around_default_tree_mask_mode(original_fn, *args, **kwargs):
     return mode
 
 
+def _before_handle_cpu_backends(server_args, *args, **kwargs):
+    """On the CPU testbed (no CUDA, the project's sgl_kernel stand-in in use) SGLang's CPU default
+    attention backend ``intel_amx`` cannot run (it needs the native CPU kernels and AMX); default to the
+    project's ``torch_sdpa`` backend instead when the user chose none."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+
+    cfg = resolving_view(server_args)
+    if cfg.device == "cpu" and cfg.attention_backend is None and _cpu_testbed_active():
+        logger.info("sglang_ext: CPU testbed: attention backend defaults to %s", CPU_TESTBED_ATTENTION_BACKEND)
+        declare_resolution(server_args, "sglang_ext_cpu_testbed", attention_backend=CPU_TESTBED_ATTENTION_BACKEND)
+    return None
+
+
+def _cpu_testbed_active() -> bool:
+    """The project's import stand-ins are installed in this process and serving (no CUDA device)."""
+    import sys
+
+    from sglang_ext.engine.cpu.standins import StandinFinder, standins_active
+
+    return any(isinstance(f, StandinFinder) for f in sys.meta_path) and standins_active()
+
+
 # ----------------------------------------------------------------------------- registration
 def register_hooks() -> None:
     """Register all hooks (idempotent)."""
@@ -229,6 +254,7 @@ def register_hooks() -> None:
     HookRegistry.register(HOOK_ENGINE_INIT, _around_engine_init, HookType.AROUND)
     HookRegistry.register(HOOK_CREATE_WORKER, _around_create_worker, HookType.AROUND)
     HookRegistry.register(HOOK_TREE_MASK_MODE, _around_default_tree_mask_mode, HookType.AROUND)
+    HookRegistry.register(HOOK_CPU_BACKENDS, _before_handle_cpu_backends, HookType.BEFORE)
     from sglang_ext.engine.specexit_hooks import register_specexit_hooks  # [specexit_glue]
 
     register_specexit_hooks()  # custom_params check, meta_info, /server_info, SpecExit draft class (patches/INDEX.md)

@@ -78,6 +78,33 @@ def test_tree_mask_target():
     assert _params(attention_backends) == []
 
 
+def test_cpu_backends_target():
+    fn, _ = _resolve("sglang.srt.arg_groups.platform_hook.handle_cpu_backends")
+    assert _params(fn) == ["server_args"]
+    src = inspect.getsource(fn)
+    assert "attention_backend is None" in src and "declare_resolution" in src
+    import sglang.srt.arg_groups.pipeline as pipeline
+
+    assert "from sglang.srt.arg_groups.platform_hook import" in inspect.getsource(pipeline)
+
+
+def test_cpu_testbed_defaults_to_torch_sdpa():
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.runtime_context import attention_backends  # noqa: F401  (import check)
+    from sglang.srt.server_args import prepare_server_args
+
+    load_plugins()
+    sa = prepare_server_args(["--model-path", "m", "--device", "cpu"])
+    from sglang.srt.arg_groups.platform_hook import handle_cpu_backends
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    handle_cpu_backends(sa)
+    assert resolving_view(sa).attention_backend == "torch_sdpa"
+    sa2 = prepare_server_args(["--model-path", "m", "--device", "cpu", "--attention-backend", "triton"])
+    handle_cpu_backends(sa2)
+    assert resolving_view(sa2).attention_backend == "triton"
+
+
 def test_cpu_op_names_imported_by_sglang():
     """Every ``*_cpu`` name SGLang's speculative/KV kernels import from sgl_kernel has a torch op."""
     import sglang
