@@ -182,6 +182,13 @@ def select_worker_class(base_cls: Any, server_args: Any) -> Any:
     algo = _speculative_algorithm_of(server_args)
     if cfg.specexit.enabled and algo not in EAGLE_FAMILY:
         raise ConfigError(f"--specexit: needs an EAGLE-family algorithm, got {algo}")
+    if algo == "DFLASH" and cfg.dcut.enabled:  # [dflash_worker]
+        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+        if base_cls is DFlashWorkerV2:
+            from sglang_ext.engine.dflash_worker import ExtDFlashWorker
+
+            return ExtDFlashWorker
     logger.warning("sglang_ext: no extension worker for %s (%s); D-Cut/SpecExit are inactive",
                    getattr(base_cls, "__name__", base_cls), algo)
     return base_cls
@@ -262,6 +269,12 @@ def register_hooks() -> None:
 
     register_dcut_hooks()  # draft confidences + D-Cut in /server_info (patches/INDEX.md)
     _register_cpu_backend()
+    import torch
+
+    if torch.cuda.is_available():  # [flashinfer_verify] `flashinfer_dcut` backend (patches/flashinfer_dcut_backend.md)
+        from sglang_ext.engine.flashinfer_verify import register as register_flashinfer_dcut
+
+        register_flashinfer_dcut()
     _registered = True
 
 
