@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -101,43 +102,22 @@ def extension_info(base_url: str) -> dict:
     return {k: v for k, v in info.items() if k.startswith("sglang_ext") or k in ("speculative_algorithm",)}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--question", default=DEFAULT_QUESTION)
-    ap.add_argument("--config", default=DEMO_CONFIG, help="server preset (SGLang --config YAML)")
-    ap.add_argument("--keep-running", action="store_true", help="leave the server up after the answer")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server to start")
-    ap.add_argument("--log", default=None, help="file for the server's log (default: inherit the terminal)")
-    args, extra = ap.parse_known_args(argv)
-
+@contextlib.contextmanager
+def running_server(models: DemoModels, extra: Optional[List[str]] = None, config: str = DEMO_CONFIG,
+                   log_path: Optional[str] = None, timeout_s: float = 600.0):
+    """Launch the demo server in the CPU testbed environment; yields its base URL; stops it on exit."""
     from sglang_ext.engine.cpu.standins import cpu_testbed_env
 
-    models = pick_models()
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    cmd = server_command(models, port, extra, config=args.config)
+    cmd = server_command(models, port, extra, config=config)
     print("[demo] launching:", " ".join(cmd), flush=True)
-    log = open(args.log, "w") if args.log else None
+    log = open(log_path, "w") if log_path else None
     proc = subprocess.Popen(cmd, env=cpu_testbed_env(), stdout=log, stderr=subprocess.STDOUT if log else None,
                             start_new_session=True)
     try:
-        wait_healthy(base_url, proc, args.timeout)
-        t0 = time.time()
-        out = ask(base_url, models.target, args.question)
-        out["latency_s"] = round(time.time() - t0, 3)
-        print("\n[demo] question:", args.question)
-        reasoning = out["reasoning"] or ""
-        shown = reasoning if len(reasoning) <= 600 else reasoning[:600] + f"... ({len(reasoning)} chars)"
-        print("[demo] reasoning:", json.dumps(shown))
-        print("[demo] answer:", json.dumps(out["answer"]))
-        print("[demo] completion tokens:", out["completion_tokens"], "finish:", out["finish_reason"],
-              "latency_s:", out["latency_s"])
-        print("[demo] server:", json.dumps(extension_info(base_url)))
-        print("[demo] RESULT " + json.dumps(out), flush=True)
-        if args.keep_running:
-            print(f"[demo] server running at {base_url} (Ctrl-C to stop)", flush=True)
-            proc.wait()
-        return 0
+        wait_healthy(base_url, proc, timeout_s)
+        yield base_url, proc
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -147,6 +127,35 @@ def main(argv: Optional[List[str]] = None) -> int:
                 os.killpg(proc.pid, signal.SIGKILL)
         if log:
             log.close()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--question", default=DEFAULT_QUESTION)
+    ap.add_argument("--config", default=DEMO_CONFIG, help="server preset (SGLang --config YAML)")
+    ap.add_argument("--keep-running", action="store_true", help="leave the server up after the answer")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server to start")
+    ap.add_argument("--log", default=None, help="file for the server's log (default: inherit the terminal)")
+    args, extra = ap.parse_known_args(argv)
+
+    models = pick_models()
+    with running_server(models, extra, args.config, args.log, args.timeout) as (base_url, proc):
+        t0 = time.time()
+        out = ask(base_url, models.target, args.question)
+        out["latency_s"] = round(time.time() - t0, 3)
+        reasoning = out["reasoning"] or ""
+        shown = reasoning if len(reasoning) <= 600 else reasoning[:600] + f"... ({len(reasoning)} chars)"
+        print("\n[demo] question:", args.question)
+        print("[demo] reasoning:", json.dumps(shown))
+        print("[demo] answer:", json.dumps(out["answer"]))
+        print("[demo] completion tokens:", out["completion_tokens"], "finish:", out["finish_reason"],
+              "latency_s:", out["latency_s"])
+        print("[demo] server:", json.dumps(extension_info(base_url)))
+        print("[demo] RESULT " + json.dumps(out), flush=True)
+        if args.keep_running:
+            print(f"[demo] server running at {base_url} (Ctrl-C to stop)", flush=True)
+            proc.wait()
+    return 0
 
 
 if __name__ == "__main__":
