@@ -441,6 +441,9 @@ class DCutRunner:
         ``error``), shown in ``/server_info``.
     forced_ratio : float or None
         When set (profiling), every step uses this fixed ratio instead of ``cfg.mode``.
+    override_ratio : float or None
+        Runtime override of ``cfg.mode`` (``/set_internal_state`` key ``dcut_force_ratio``; 1.0 =
+        full verification, the ``off`` behaviour); None = the configured mode.
     compact : bool
         True: compacted forward (saves FLOPs). False: full forward with cut links only
         ("Route C", the correctness oracle).
@@ -455,6 +458,7 @@ class DCutRunner:
         self.table_info: Dict[str, Any] = {"source": "none"}
         self.metrics = DCutMetrics(tiers=self.tiers)
         self.forced_ratio: Optional[float] = None
+        self.override_ratio: Optional[float] = None
         self.compact = True
         self.log_interval = LOG_INTERVAL_STEPS
         self.unsupported = _unsupported_reason(worker)
@@ -474,23 +478,49 @@ class DCutRunner:
             self.cost_table, self.table_info = None, {"source": "fallback", "error": f"{type(e).__name__}: {e}"}
         publish_cost_table(worker, self.cost_table, self.table_info)
 
-    def info(self) -> Dict[str, Any]:
-        """Static description for ``/server_info`` (``get_init_info``)."""
+    def info(self, worker: Any = None) -> Dict[str, Any]:
+        """Static description for ``/server_info`` (``get_init_info``). With ``worker``, the table
+        shown is the one stored on the target ``model_config`` (what the planner's server sees),
+        and ``hf_config_matches`` says whether ``hf_config`` holds the same table."""
+        from sglang_ext.engine.profiler import MODEL_CONFIG_ATTR
+
+        table = None if self.cost_table is None else self.cost_table.to_dict()
+        hf_matches = None
+        if worker is not None:
+            mc = worker.target_worker.model_runner.model_config
+            table = getattr(mc, MODEL_CONFIG_ATTR, None)
+            hf = getattr(mc, "hf_config", None)
+            hf_matches = hf is not None and getattr(hf, MODEL_CONFIG_ATTR, None) == table
         return {
             "mode": self.cfg.mode,
+            "override_ratio": self.override_ratio,
             "tiers": list(self.tiers),
             "num_draft_tokens": self.num_draft_tokens,
             "topk": self.topk,
             "unsupported": self.unsupported,
-            "cost_table": None if self.cost_table is None else self.cost_table.to_dict(),
+            "cost_table": table,
             "cost_table_info": dict(self.table_info),
+            "hf_config_matches": hf_matches,
         }
 
     # ------------------------------------------------------------------ per step
     def _mode(self):
         if self.forced_ratio is not None:
             return float(self.forced_ratio)
+        if self.override_ratio is not None:
+            return float(self.override_ratio)
         return self.cfg.mode  # "auto" or a float ratio
+
+    def set_override_ratio(self, ratio: Optional[float]) -> None:
+        """Runtime mode override: a ratio in (0, 1] (1.0 = full verify), or None / 0 to return to
+        the configured mode. Raises ValueError outside that range."""
+        if ratio is None or float(ratio) == 0.0:
+            self.override_ratio = None
+            return
+        r = float(ratio)
+        if not (0.0 < r <= 1.0) or math.isnan(r):
+            raise ValueError(f"dcut_force_ratio must be in (0, 1] or 0 (configured mode), got {ratio}")
+        self.override_ratio = r
 
     def verify(self, worker: Any, batch: Any, pp_proxy_tensors: Any, grammar_barrier: Any,
                base_verify: Callable) -> Any:

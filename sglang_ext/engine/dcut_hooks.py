@@ -6,7 +6,12 @@ target                                                                 type   pu
 ``sglang.srt.speculative.eagle_utils.organize_draft_results``           AROUND tree path scores (draft_capture)
 ``sglang.srt.managers.scheduler.Scheduler.get_init_info``               AFTER  ``dcut``: table + settings
 ``sglang.srt.managers.scheduler.Scheduler.get_internal_state``          AFTER  ``dcut``: live metrics
+``...internal_state.SchedulerInternalStateController._update_handlers``  AFTER  ``dcut_force_ratio`` knob
 =====================================================================  =====  ==========================
+
+``/set_internal_state`` with ``{"server_args": {"dcut_force_ratio": r}}`` switches the running
+server to the fixed ratio ``r`` in (0, 1] (1.0 = full verification) and ``0`` back to the
+configured ``--dcut`` mode (used by tests and benches to compare modes on one server).
 
 ``get_init_info`` is the scheduler's start-up handshake; its dict is merged into ``/server_info``
 (and ``Engine.get_server_info()``) at top level, so the cost table appears there as
@@ -24,6 +29,10 @@ logger = logging.getLogger(__name__)
 
 HOOK_GET_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
 HOOK_GET_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+HOOK_UPDATE_HANDLERS = (
+    "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._update_handlers"
+)
+FORCE_RATIO_KEY = "dcut_force_ratio"
 SERVER_INFO_KEY = "dcut"
 
 __all__ = ["register_hooks", "after_get_init_info", "after_get_internal_state", "dcut_runner_of",
@@ -39,8 +48,24 @@ def dcut_runner_of(scheduler: Any) -> Optional[Any]:
 def after_get_init_info(result, scheduler, *args, **kwargs):
     runner = dcut_runner_of(scheduler)
     if runner is not None and isinstance(result, dict):
-        result[SERVER_INFO_KEY] = runner.info()
+        result[SERVER_INFO_KEY] = runner.info(scheduler.draft_worker)
     return result
+
+
+def kv_pool_state(scheduler: Any) -> dict:
+    """Free / evictable / total KV slots and free request rows (the no-leak checks read these)."""
+    alloc = scheduler.token_to_kv_pool_allocator
+    tree = getattr(scheduler, "tree_cache", None)
+    evictable = tree.evictable_size() if tree is not None and hasattr(tree, "evictable_size") else 0
+    r2t = getattr(scheduler, "req_to_token_pool", None)
+    return {
+        "kv_available": int(alloc.available_size()),
+        "kv_evictable": int(evictable),
+        "kv_total": int(getattr(scheduler, "max_total_num_tokens", 0) or 0),
+        "req_rows_free": None if r2t is None else len(getattr(r2t, "free_slots", [])),
+        "running_requests": sum(1 for r in (getattr(getattr(scheduler, "running_batch", None), "reqs", None) or [])
+                                if not r.finished()),
+    }
 
 
 def after_get_internal_state(result, scheduler, *args, **kwargs):
@@ -49,9 +74,36 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
     if runner is not None and isinstance(state, dict):
         try:
             state[SERVER_INFO_KEY] = {"metrics": runner.metrics.summary(),
-                                      "cost_table_info": dict(runner.table_info)}
+                                      "cost_table_info": dict(runner.table_info),
+                                      "override_ratio": runner.override_ratio,
+                                      "kv_pool": kv_pool_state(scheduler)}
         except Exception as e:  # metrics must never break /server_info
             logger.warning("D-Cut metrics unavailable: %s", e)
+    return result
+
+
+def after_update_handlers(result, controller, *args, **kwargs):
+    """Offer ``dcut_force_ratio`` to ``/set_internal_state`` when the worker runs D-Cut."""
+    runner = dcut_runner_of(getattr(controller, "scheduler", None))
+    if runner is None or not isinstance(result, dict):
+        return result
+    from sglang.srt.managers.scheduler_components.internal_state import UpdateRejected
+    from sglang.srt.managers.scheduler_components.internal_state import _UpdateHandler as handler_cls
+
+    def validate(key, value):
+        try:
+            ok = value is not None and (float(value) == 0.0 or 0.0 < float(value) <= 1.0)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise UpdateRejected(f"{key} must be a ratio in (0, 1], or 0 for the configured --dcut mode; got {value!r}")
+
+    def apply(key, value):
+        runner.set_override_ratio(float(value))
+        logger.info("D-Cut: %s=%s (mode now %s)", key, value, runner._mode())
+        return None  # a worker command, not a server arg
+
+    result[FORCE_RATIO_KEY] = handler_cls(validate, apply)
     return result
 
 
@@ -67,6 +119,7 @@ def register_hooks() -> None:
 
     register_draft_capture_hooks()
     for target, hook in ((HOOK_GET_INIT_INFO, after_get_init_info),
-                         (HOOK_GET_INTERNAL_STATE, after_get_internal_state)):
+                         (HOOK_GET_INTERNAL_STATE, after_get_internal_state),
+                         (HOOK_UPDATE_HANDLERS, after_update_handlers)):
         if not _registered(HookRegistry, target, hook):
             HookRegistry.register(target, hook, HookType.AFTER)

@@ -1,0 +1,65 @@
+"""Client-side helpers for a D-Cut server: read its D-Cut state, switch its mode at runtime.
+
+Works with an in-process ``sglang.Engine`` or a launched HTTP server (base URL). Used by the
+D-Cut tests and ``bench/dcut_throughput.py``; nothing here runs inside the scheduler.
+
+* :func:`dcut_info` -- ``server_info["dcut"]``: mode, tiers, the cost table as stored on the
+  target model config, its source (profiled / cache / file / fallback);
+* :func:`dcut_states` -- per-DP-rank live state: ``metrics`` (keep ratio, tier histogram, ...),
+  ``kv_pool`` (free / evictable / total KV slots);
+* :func:`set_force_ratio` -- ``/set_internal_state`` ``dcut_force_ratio``: a fixed ratio in
+  (0, 1] (1.0 = full verification), or 0 for the configured ``--dcut`` mode.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any, Dict, List, Union
+
+__all__ = ["dcut_info", "dcut_states", "set_force_ratio", "server_info"]
+
+Target = Union[str, Any]  # base URL or sglang.Engine
+
+
+def _http(url: str, payload: Any = None) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        body = r.read().decode()
+    return json.loads(body) if body else None
+
+
+def server_info(target: Target) -> Dict[str, Any]:
+    """``/server_info`` of a server (URL) or ``Engine.get_server_info()``."""
+    if isinstance(target, str):
+        return _http(target.rstrip("/") + "/server_info")
+    return target.get_server_info()
+
+
+def dcut_info(target: Target) -> Dict[str, Any]:
+    """The static ``dcut`` entry of ``/server_info`` (KeyError when the server runs no D-Cut)."""
+    return server_info(target)["dcut"]
+
+
+def dcut_states(target: Target) -> List[Dict[str, Any]]:
+    """The live ``dcut`` entry of every ``internal_states`` element."""
+    return [s["dcut"] for s in server_info(target).get("internal_states", []) if "dcut" in s]
+
+
+def set_force_ratio(target: Target, ratio: float) -> bool:
+    """Switch the server to a fixed ratio (0 = back to the configured mode). True when accepted."""
+    payload = {"server_args": {"dcut_force_ratio": float(ratio)}}
+    if isinstance(target, str):
+        out = _http(target.rstrip("/") + "/set_internal_state", payload)
+        if isinstance(out, dict):
+            return bool(out.get("updated", out.get("success", False)))
+        if isinstance(out, list):
+            return all(bool(x) for x in out)
+        return bool(out)
+    from sglang.srt.managers.io_struct import SetInternalStateReq
+
+    res = target.loop.run_until_complete(
+        target.tokenizer_manager.set_internal_state(SetInternalStateReq(server_args=payload["server_args"])))
+    return all(bool(x) for x in res)
