@@ -533,7 +533,7 @@ def paged_attention_reference(
     plan: VerifyPlan,
     sm_scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_qo_heads, head_dim_vo]
-    """What FlashInfer's paged prefill computes from ``plan``, in plain torch (float32 math).
+    """What FlashInfer's paged prefill computes from ``plan``, in plain torch (float32 or wider math).
 
     Reads keys through ``kv_indices``, the mask through the *packed* mask (so a packing error
     shows), causal bottom-right when there is no mask. Rows past ``qo_indptr[-1]`` are zero.
@@ -560,15 +560,16 @@ def paged_attention_reference(
         mask = unpack_mask_segments(plan.packed_mask, plan.mask_indptr)
         mask_ip = plan.mask_indptr.tolist()
     group = hq // hkv
+    acc = torch.promote_types(q.dtype, torch.float32)
     for b in range(plan.batch_size):
         q0, q1, k0, k1 = qo[b], qo[b + 1], kv[b], kv[b + 1]
         nq, nk = q1 - q0, k1 - k0
         if nq == 0:
             continue
         slots = plan.kv_indices[k0:k1].to(torch.int64)
-        kb = k_cache.index_select(0, slots).float().repeat_interleave(group, dim=1)  # [nk, hq, d]
-        vb = v_cache.index_select(0, slots).float().repeat_interleave(group, dim=1)
-        s = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), kb) * sm_scale
+        kb = k_cache.index_select(0, slots).to(acc).repeat_interleave(group, dim=1)  # [nk, hq, d]
+        vb = v_cache.index_select(0, slots).to(acc).repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[q0:q1].to(acc), kb) * sm_scale
         if mask is not None:
             allow = mask[mask_ip[b]: mask_ip[b] + nq * nk].view(nq, nk)
         else:
