@@ -332,3 +332,23 @@ def test_no_kv_leak_after_exits_and_aborts(served, prompts):
     end = _idle_pool(eng)
     assert end["running_requests"] == 0
     assert end["available_tokens"] == start["available_tokens"]
+
+
+def test_think_length_guards(served, prompts):
+    """max_think_tokens M (grace G) forces the exit within [M, M + G]; min_think_tokens delays it."""
+    m, g, floor = 12, 4, 20
+    forced = dict(NEVER, specexit_max_think_tokens=m, specexit_max_think_grace=g)
+    delayed = dict(ALL_PASS, specexit_min_think_tokens=floor)
+    batch = prompts[:8] * 3
+    outs = _gen(served["engine"], batch, [forced] * 8 + [delayed] * 8 + [OFF] * 8)
+    base = outs[16:]
+    for o, b in zip(outs[:8], base):
+        k = o["output_ids"].index(STOP)  # every request is forced out
+        assert o["meta_info"]["specexit_exit_reason"] == "max_think_tokens"
+        assert m <= k <= m + g and (o["output_ids"][k - 1] in served["boundary_ids"] or k == m + g), k
+        assert o["output_ids"][:k] == b["output_ids"][:k]
+    late = [o for o in outs[8:16] if o["meta_info"]["specexit_exited"]]
+    for o, b in zip(outs[8:16], base):
+        k = _check_prefix(o, b, served["boundary_ids"])
+        assert k is None or k >= floor
+    assert late, "no exit after the min-think floor"
