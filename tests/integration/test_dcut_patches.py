@@ -153,3 +153,92 @@ def test_chain_capture_columns_and_extend_fix():
     # a read without a new draft is flagged
     cap.mark_consumed()
     assert not cap.scores(2).valid
+
+
+def test_scheduler_info_targets():
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.scheduler_components import internal_state as ist
+
+    from sglang_ext.engine.dcut_hooks import HOOK_GET_INIT_INFO, HOOK_GET_INTERNAL_STATE, HOOK_UPDATE_HANDLERS
+
+    assert _params(_resolve(HOOK_GET_INIT_INFO)) == ["self"]
+    assert "result_dict" in inspect.getsource(_resolve(HOOK_GET_INIT_INFO))
+    assert _params(_resolve(HOOK_GET_INTERNAL_STATE)) == ["self", "recv_req"]
+    assert "internal_state" in GetInternalStateReqOutput.__struct_fields__
+    # the speculative worker is reachable from the scheduler as draft_worker
+    assert "self.draft_worker" in inspect.getsource(Scheduler.maybe_init_draft_worker)
+    upd = _resolve(HOOK_UPDATE_HANDLERS)
+    assert _params(upd) == ["self"] and "_UpdateHandler(" in inspect.getsource(upd)
+    assert _params(ist._UpdateHandler.__init__) == ["self", "validate", "apply"]
+    assert issubclass(ist.UpdateRejected, Exception)
+    src = inspect.getsource(ist.SchedulerInternalStateController.set_internal_state)
+    assert "handler.validate(key, value)" in src and "handlers[key].apply(key, value)" in src
+
+
+def test_target_verify_forward_targets():
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.mem_cache.kv_loc_plan import KVLocPlan
+    from sglang.srt.speculative import eagle_worker_common, eagle_utils
+    from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
+    from sglang.srt.speculative.spec_info import SpecInput
+
+    assert _params(TpModelWorker.forward_batch_generation)[:5] == [
+        "self", "batch", "forward_batch", "pp_proxy_tensors", "is_verify"]
+    src = inspect.getsource(eagle_worker_common.run_eagle_verify)
+    # exactly one keyword-only target call with the TARGET_VERIFY batch, then eagle_sample on the verify input
+    assert src.count("target_worker.forward_batch_generation(") == 1
+    assert "forward_batch=verify_forward_batch" in src and "is_verify=True" in src
+    assert "batch=None" in src and "eagle_sample(" in src
+    assert _params(KVLocPlan.bind) == ["self", "batch", "reader", "cols"]
+    assert {"verify_lens", "graph_num_tokens", "extend_start_loc", "qo_indptr_device"} <= set(
+        RaggedVerifyLayout.__struct_fields__)
+    assert hasattr(SpecInput, "ragged_verify_layout") and hasattr(SpecInput, "num_tokens_per_req")
+    sample = inspect.getsource(eagle_utils.eagle_sample)
+    assert "retrieve_next_token" in sample and "retrieve_next_sibling" in sample
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    assert {"next_token_logits", "hidden_states"} <= set(inspect.signature(LogitsProcessorOutput).parameters)
+
+
+def test_interceptor_compacts_and_restores():
+    """The per-instance wrapper compacts the TARGET_VERIFY batch, scatters outputs back, restores it."""
+    from types import SimpleNamespace as NS
+
+    from sglang_ext.engine.dcut_glue import _CompactVerify, _TargetForwardInterceptor
+
+    class Mode:
+        def is_target_verify(self):
+            return True
+
+    seen = {}
+
+    class Worker:
+        model_runner = NS(kv_index_translator=None, device="cpu")
+
+        def forward_batch_generation(self, batch=None, forward_batch=None, is_verify=False, **kw):
+            fb = forward_batch
+            if is_verify:
+                seen.update(ids=fb.input_ids.tolist(), loc=fb.out_cache_loc.tolist(), pos=fb.positions.tolist(),
+                            layout=fb.spec_info.ragged_verify_layout)
+            rows = fb.input_ids.shape[0]
+            return NS(logits_output=NS(next_token_logits=torch.arange(rows * 2, dtype=torch.float32).view(rows, 2),
+                                       hidden_states=None))
+
+    w = Worker()
+    spec = NS(custom_mask=None, positions=None, ragged_verify_layout=None, num_tokens_per_req=4)
+    fb = NS(forward_mode=Mode(), input_ids=torch.arange(8) + 100, positions=torch.arange(8),
+            out_cache_loc=torch.arange(8) + 10, spec_info=spec, kv_loc_plan=None)
+    plan = _CompactVerify(kept_index=torch.tensor([0, 1, 4, -1]), draft_token=torch.tensor([100, 101, 104, 0]),
+                          positions=torch.tensor([0, 1, 4, 0]), custom_mask=torch.ones(1, dtype=torch.bool),
+                          layout="L", total_nodes=8)
+    with _TargetForwardInterceptor(w, plan) as icpt:
+        out = w.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
+        passthrough = w.forward_batch_generation(batch=None, forward_batch=fb, is_verify=False)
+    assert icpt.calls == 1 and "forward_batch_generation" not in vars(w)
+    assert seen["ids"] == [100, 101, 104, 0] and seen["loc"] == [10, 11, 14, 0] and seen["layout"] == "L"
+    logits = out.logits_output.next_token_logits
+    assert logits.tolist() == [[0, 1], [2, 3], [0, 0], [0, 0], [4, 5], [0, 0], [0, 0], [0, 0]]
+    assert fb.spec_info is spec and fb.input_ids.tolist() == list(range(100, 108))
+    assert fb.out_cache_loc.tolist() == list(range(10, 18))
+    assert passthrough.logits_output.next_token_logits.shape == (8, 2)
