@@ -3,15 +3,23 @@
 The plan FlashInfer would receive (ragged ``qo_indptr``, kept keys, packed mask) is checked
 against independent references: per-request Python loops, ``numpy.packbits``, and the project's
 torch attention backend (``torch_backend_plan``) run on random pruned trees and chains. No SGLang,
-no FlashInfer import.
+no FlashInfer import. The GPU check script (``tests/gpu/run_gpu_checks.py``) runs here as a CPU
+dry run (every part, tiny shapes, reference attention in place of FlashInfer, graph path eager on
+padded inputs), and must fail when the mask packing is corrupted.
 
-Budget: < 20 s.
+Budget: < 30 s.
 """
 
 from __future__ import annotations
 
 import doctest
+import importlib.util
+import json
 import math
+import os
+import sys
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -229,3 +237,79 @@ def test_graph_buffer_sizes_bound_every_plan_of_the_graph():
             m_ip = fv.mask_indptr_from(qo, kv_ip)
             packed, _ = fv.pack_mask_segments(torch.ones(int(m_ip[-1]), dtype=torch.bool), m_ip)
             assert int(kv_ip[-1]) <= sizes.kv_indices and packed.numel() <= sizes.packed_mask
+
+
+# ----------------------------------------------------------------------------- the GPU script, dry run
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu", "run_gpu_checks.py")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("run_gpu_checks", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve their module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _summary(out):
+    with open(os.path.join(out, "gpu_checks_summary.json")) as f:
+        return json.load(f)
+
+
+def test_dry_run_on_cpu_runs_every_part(tmp_path):
+    from sglang_ext.dcut import CostTable
+
+    rgc = _script()
+    out = str(tmp_path)
+    assert rgc.main(["--dry-run", "--out", out]) == 0
+    s = _summary(out)
+    a = s["a_correctness"]
+    assert a["passed"] and a["cases"] == 32 and a["graph_replays"] == 32 and not a["failures"]
+    assert a["accept_compared"] > a["near_tie_requests"] and a["accept_mismatch"] == 0
+    assert 0 < a["eager_max_err"] < rgc.BF16_ATOL
+    for part, fname in (("b_cost_curves_dense", "cost_table_qwen3_8b_dense.json"),
+                        ("b_cost_curves_moe", "cost_table_qwen3_30b_a3b_moe.json")):
+        assert s[part]["passed"]
+        t = CostTable.load(os.path.join(out, fname))
+        assert t.batch_sizes == (2, 4) and t.tiers == (0.25, 0.5, 0.75, 1.0)
+        assert t.key.draft_tokens == 8 and t.key.draft == "none (verify only)"
+        assert len(s[part]["detail"]) == 8
+    for kind in ("chain", "tree"):
+        c = s["c_planner"][kind]
+        assert c["total"] > 0 and {"scores", "choose", "compact", "verify_plan"} <= set(c)
+    with open(s["png"]["path"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert s["exit_status"] == 0
+
+
+def test_dry_run_fails_on_a_corrupted_mask(tmp_path, monkeypatch):
+    rgc = _script()
+    real = rgc.fv.pack_mask_segments
+
+    def broken(mask, indptr):
+        packed, ip = real(mask, indptr)
+        return torch.zeros_like(packed), ip  # every tree cell masked out
+
+    monkeypatch.setattr(rgc.fv, "pack_mask_segments", broken)
+    out = str(tmp_path)
+    assert rgc.main(["--dry-run", "--out", out, "--skip-moe"]) == 1
+    a = _summary(out)["a_correctness"]
+    assert not a["passed"] and a["failures"] and all(f["tree"] for f in a["failures"])
+
+
+def test_raster_png_fallback(tmp_path):
+    from sglang_ext.dcut import CostTable, CostTableKey
+
+    rgc = _script()
+    key = CostTableKey("m", "none", "cpu", 1, "bfloat16", 16, 1, 1, "x", 32, "0.5.23", "0.1.0")
+    t = CostTable.build(key, [4, 8, 16], [[1, 2, 3, 4], [2, 3, 4, 5], [2, 4, 6, 8]])
+    path = str(tmp_path / "p.png")
+    rgc._raster_png(path, {"a": t, "b": t})
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    w, h = struct.unpack(">II", data[16:24])
+    assert (w, h) == (960, 320)
+    idat_len = struct.unpack(">I", data[33:37])[0]
+    raw = zlib.decompress(data[41:41 + idat_len])
+    assert len(raw) == h * (1 + 3 * w)
+    assert raw.count(bytes([31, 119, 180])) > 10  # the tier-0.25 curve is drawn
