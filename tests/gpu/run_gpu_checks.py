@@ -6,7 +6,8 @@ Needs only torch (CUDA), flashinfer-python and this repository (no SGLang instal
     bash tests/gpu/run_gpu_checks.sh                 # on one H200: ~8 min budget, results in bench/results/
     python tests/gpu/run_gpu_checks.py --dry-run --out /tmp/x   # tiny shapes on CPU (what CI runs)
 
-Parts (in this order, each skipped with its reason when the time budget runs out):
+Parts (run in the order a, b-dense, c, b-MoE; each skipped with its reason when the time budget
+runs out; if FlashInfer cannot run, (b)/(c) fall back to the torch backend's SDPA, labelled so):
 
 (a) **correctness** -- random pruned trees (EAGLE-style, custom mask) and prefix-cut chains
     (DFlash-style, causal) at every tier: FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper``
@@ -137,9 +138,10 @@ class VerifyAttention:
     ``(bs, T)`` graph; ``eager(plan, q, caches)`` plans and runs without a graph.
     """
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, mode: str = "flashinfer"):
         self.cfg = cfg
-        self.use_flashinfer = not cfg.dry_run
+        self.mode = mode  # "flashinfer", "reference" (dry run) or "torch" (fallback: torch backend SDPA)
+        self.use_flashinfer = mode == "flashinfer"
         self.workspace = None
         if self.use_flashinfer:
             self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=cfg.device)
@@ -158,6 +160,9 @@ class VerifyAttention:
 
     def graph(self, bs: int, num_tokens: int, use_mask: bool) -> "GraphAttention":
         return GraphAttention(self, bs, num_tokens, use_mask)
+
+    def torch_graph(self, r2t, rp, prefix, counts, sm_scale: float) -> "TorchGraphAttention":
+        return TorchGraphAttention(r2t, rp, prefix, counts, sm_scale)
 
 
 class GraphAttention:
@@ -179,10 +184,27 @@ class GraphAttention:
         if self.wrapper is not None:
             fv.plan_prefill_wrapper(self.wrapper, plan, hq, hkv, d, dtype, dtype, sm_scale)
 
-    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k=None, v=None) -> torch.Tensor:
         if self.wrapper is None:  # dry run: what the kernel computes (rows past the plan are zero)
             return fv.paged_attention_reference(q, k_cache, v_cache, self.plan_, self.sm_scale)
         return self.wrapper.run(q, (k_cache.unsqueeze(1), v_cache.unsqueeze(1)))
+
+
+class TorchGraphAttention:
+    """Fallback for the cost curves when FlashInfer cannot run: the torch backend's padded SDPA
+    (``plan_target_verify`` + ``run_plan``) with one fixed layout per ``(bs, T)`` graph (its index
+    tensors are static, so the call is graph-capturable). Planning is not re-timed per step."""
+
+    def __init__(self, r2t, rp, prefix, counts, sm_scale: float):
+        self.plan_ = plan_target_verify(r2t, rp, prefix.tolist(), counts.tolist(), None)
+        self.sm_scale = sm_scale
+        self.num_tokens = int(counts.sum())
+
+    def plan(self, *args, **kwargs) -> None:
+        pass
+
+    def run(self, q, k_cache, v_cache, k=None, v=None):
+        return run_plan(self.plan_, q, k, v, k_cache, v_cache, scaling=self.sm_scale)
 
 
 def capture_plan(bs: int, n: int, num_tokens: int, use_mask: bool, device) -> fv.VerifyPlan:
@@ -523,7 +545,7 @@ class Stack:
             k = rope(k.view(-1, hkv, d), cos, sin)
             ks[li].index_copy_(0, write_slots, k)
             vs[li].index_copy_(0, write_slots, v.view(-1, hkv, d))
-            o = attn.run(q.contiguous(), ks[li], vs[li])
+            o = attn.run(q.contiguous(), ks[li], vs[li], k, v.view(-1, hkv, d))
             x = x + o.reshape(o.shape[0], -1) @ lay["o"].T
             x = x + self._mlp(lay, rms_norm(x, lay["norm2"]))
         return rms_norm(x, self.final_norm) @ self.lm_head.T
@@ -564,7 +586,10 @@ def cost_curves(cfg: Config, attn: VerifyAttention, name: str, spec: Dict[str, i
                 wip, wkv = fv.window_kv(r2t, rp, prefix, n)
                 return fv.plan_verify(wip, wkv, prefix, qo, fv.chain_kept_cols(qo, width), None, num_tokens=width)
 
-            g_attn = attn.graph(bs, width, use_mask=False)
+            if attn.mode == "torch":
+                g_attn = attn.torch_graph(r2t, rp, prefix, counts, sm)
+            else:
+                g_attn = attn.graph(bs, width, use_mask=False)
             g_attn.plan(make_plan(), hq, hkv, d, torch.bfloat16, sm)
             cols = fv.chain_kept_cols(qo, width)
             req = torch.searchsorted(qo[1:].to(torch.int64), torch.arange(width, device=dev), right=True)
@@ -580,8 +605,8 @@ def cost_curves(cfg: Config, attn: VerifyAttention, name: str, spec: Dict[str, i
             for _ in range(cfg.iters):
                 _sync(dev)
                 a = time.perf_counter()
-                vp = make_plan()
-                g_attn.plan(vp, hq, hkv, d, torch.bfloat16, sm)
+                if attn.mode != "torch":
+                    g_attn.plan(make_plan(), hq, hkv, d, torch.bfloat16, sm)
                 _sync(dev)
                 b = time.perf_counter()
                 graph.replay()
@@ -775,6 +800,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", default=None, help="output folder (default bench/results; a temp folder for --dry-run)")
     ap.add_argument("--time-budget", type=float, default=450.0, help="seconds; later parts are skipped past it")
     ap.add_argument("--skip-moe", action="store_true")
+    ap.add_argument("--attention", choices=("auto", "flashinfer", "torch", "reference"), default="auto",
+                    help="auto: flashinfer on GPU (torch SDPA for (b)/(c) if FlashInfer fails in (a)), "
+                         "reference in --dry-run")
     args = ap.parse_args(argv)
 
     if not args.dry_run and not torch.cuda.is_available():
@@ -798,19 +826,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
     status = EXIT_OK
-    fi_ok, fi_why = (False, "dry run: reference math") if cfg.dry_run else fv.flashinfer_available()
+    mode = args.attention if args.attention != "auto" else ("reference" if cfg.dry_run else "flashinfer")
+    fi_ok, fi_why = (False, f"not used (attention {mode})") if mode != "flashinfer" else fv.flashinfer_available()
     summary["flashinfer"] = dict(available=fi_ok, detail=fi_why)
     if fi_ok:
         import flashinfer
 
         summary["flashinfer"]["version"] = getattr(flashinfer, "__version__", "?")
     log(f"device {summary['device']}, torch {torch.__version__}, flashinfer: {fi_why}")
-    if not cfg.dry_run and not fi_ok:
-        summary["a_correctness"] = summary["c_planner"] = dict(skipped=f"flashinfer: {fi_why}")
-        summary["b_cost_curves"] = dict(skipped=f"flashinfer: {fi_why}")
-        _write_summary(out_dir, summary, lines)
-        return EXIT_SKIPPED
-    attn = VerifyAttention(cfg)
+    if mode == "flashinfer" and not fi_ok:
+        summary["a_correctness"] = dict(skipped=f"flashinfer: {fi_why}")
+        status = EXIT_SKIPPED
+        mode = "torch"
+        log(f"(a) skipped ({fi_why}); (b)/(c) use the torch backend's SDPA")
+    attn = VerifyAttention(cfg, mode)
+    summary["attention"] = mode
 
     def run_part(key: str, fn: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
         nonlocal status
@@ -828,9 +858,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             status = EXIT_FAILED
         return res
 
-    run_part("a_correctness", lambda: check_correctness(cfg, attn, deadline, log))
+    if mode != "torch":
+        a_res = run_part("a_correctness", lambda: check_correctness(cfg, attn, deadline, log))
+        if a_res.get("error") and mode == "flashinfer":  # e.g. no JIT toolchain: keep the cost curves
+            attn = VerifyAttention(cfg, "torch")
+            summary["attention"] = "torch (FlashInfer failed in (a))"
+            log("FlashInfer failed in (a); (b)/(c) use the torch backend's SDPA")
+    elif "a_correctness" not in summary:
+        summary["a_correctness"] = dict(skipped="--attention torch")
+        status = max(status, EXIT_SKIPPED)
     tables: Dict[str, CostTable] = {}
-    backend = "flashinfer_dcut" if not cfg.dry_run else "reference (dry run)"
+    backend = {"flashinfer": "flashinfer_dcut", "torch": "torch_sdpa (graph, fixed layout)",
+               "reference": "reference (dry run)"}[attn.mode]
 
     def dense():
         res = cost_curves(cfg, attn, "qwen3-8b-shaped-random", cfg.dense, False, deadline, log)

@@ -313,3 +313,15 @@ def test_raster_png_fallback(tmp_path):
     raw = zlib.decompress(data[41:41 + idat_len])
     assert len(raw) == h * (1 + 3 * w)
     assert raw.count(bytes([31, 119, 180])) > 10  # the tier-0.25 curve is drawn
+
+
+def test_dry_run_torch_fallback_for_cost_curves(tmp_path):
+    from sglang_ext.dcut import CostTable
+
+    rgc = _script()
+    out = str(tmp_path)
+    assert rgc.main(["--dry-run", "--attention", "torch", "--skip-moe", "--out", out]) == 2  # (a) skipped
+    s = _summary(out)
+    assert s["attention"] == "torch" and "skipped" in s["a_correctness"]
+    t = CostTable.load(os.path.join(out, "cost_table_qwen3_8b_dense.json"))
+    assert t.key.attention_backend.startswith("torch_sdpa") and all(c > 0 for row in t.step_ms for c in row)
