@@ -66,19 +66,20 @@ def prompts(tiny_models):
     return corpus_prompts(vocab, NUM_PROMPTS, 4, seed=0).tolist()
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_models, prompts, tmp_path_factory):
-    """SpecExit draft (random feature directions as signal rows) and the boundary strings."""
+def choose_boundaries(target_dir, prompt_sets, count=3):
+    """The ``count`` tokens the target's greedy continuations of ``prompt_sets`` use most, as strings
+    that encode back to exactly that token (so they form the boundary set), plus the features of the
+    last set's continuations ``[positions, 3H]``."""
     from transformers import AutoModelForCausalLM
 
-    from sglang_ext.engine.specexit_checkpoint import add_signal_rows
     from sglang_ext.testbed.modeling import capture_features
     from sglang_ext.testbed.tokenizer import build_tokenizer
 
-    target = AutoModelForCausalLM.from_pretrained(tiny_models.target, dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     counts = collections.Counter()
     with torch.no_grad():
-        for batch in (torch.tensor(prompts), torch.tensor([p + [THINK_OPEN] for p in prompts])):
+        for batch in prompt_sets:
+            batch = torch.tensor(batch)
             out = target.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=MAX_NEW,
                                   do_sample=False, eos_token_id=None, pad_token_id=0)
             counts.update(out[:, batch.shape[1]:].reshape(-1).tolist())
@@ -89,19 +90,33 @@ def setup(tiny_models, prompts, tmp_path_factory):
         text = tok.decode([tid])
         if tid not in (STOP, THINK_OPEN) and tok.encode(text, add_special_tokens=False) == [tid]:
             boundary.append(text)
-        if len(boundary) == 3:
+        if len(boundary) == count:
             break
-    x = feats.reshape(-1, feats.shape[-1])  # [positions, 3H]
-    mean = x.mean(0)
+    ids = [tok.encode(b, add_special_tokens=False)[0] for b in boundary]
+    return boundary, ids, feats.reshape(-1, feats.shape[-1])
+
+
+def random_signal_rows(features, seed=11):
+    """``[3, 3H]`` random directions orthogonal to the mean feature, scaled so that the raw
+    signals have standard deviations 1.5, 1.5 and 1.0 on ``features`` ``[positions, 3H]``."""
+    mean = features.mean(0)
     unit = mean / mean.norm()
-    g = torch.Generator().manual_seed(11)
-    rows = torch.randn(3, x.shape[1], generator=g)
-    rows = rows - (rows @ unit)[:, None] * unit[None, :]  # orthogonal to the mean feature
-    z = x @ rows.T
-    rows = rows / z.std(0)[:, None] * torch.tensor([1.5, 1.5, 1.0])[:, None]
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randn(3, features.shape[1], generator=g)
+    rows = rows - (rows @ unit)[:, None] * unit[None, :]
+    z = features @ rows.T
+    return rows / z.std(0)[:, None] * torch.tensor([1.5, 1.5, 1.0])[:, None]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_models, prompts, tmp_path_factory):
+    """SpecExit draft (random feature directions as signal rows) and the boundary strings."""
+    from sglang_ext.engine.specexit_checkpoint import add_signal_rows
+
+    boundary, ids, feats = choose_boundaries(tiny_models.target, [prompts, [p + [THINK_OPEN] for p in prompts]])
+    rows = random_signal_rows(feats)
     draft = add_signal_rows(tiny_models.draft, str(tmp_path_factory.mktemp("specexit_draft")), rows)
-    return {"draft": draft, "boundary": boundary, "boundary_ids": [tok.encode(b, add_special_tokens=False)[0]
-                                                                   for b in boundary]}
+    return {"draft": draft, "boundary": boundary, "boundary_ids": ids}
 
 
 def _engine(tiny_models, setup, trace_path, topk, steps, num_draft_tokens):
