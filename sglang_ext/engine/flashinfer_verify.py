@@ -658,7 +658,13 @@ def plan_prefill_wrapper(
     kv_dtype: Optional[torch.dtype] = None,
     sm_scale: Optional[float] = None,
 ) -> None:
-    """``wrapper.plan(...)`` from a :class:`VerifyPlan` (packed mask, or causal for chains).
+    """``wrapper.plan(...)`` from a :class:`VerifyPlan` (custom mask, or causal for chains).
+
+    The *unpacked* mask is passed: FlashInfer packs it itself with ``segment_packbits(...,
+    bitorder="little")`` and hands the kernel the packed **byte** offsets, which its mask lookup
+    (``custom_mask + mask_indptr[b]``, bit ``q * kv_len + kv``) needs. A caller-packed mask would be
+    paired with cell offsets by ``plan`` (0.7.2), so it is not used. The result equals
+    :attr:`VerifyPlan.packed_mask` / :attr:`VerifyPlan.packed_mask_indptr`.
 
     Plans outside any graph capture (it copies indptrs to the host). Under CUDA-graph mode it
     refreshes the wrapper's fixed buffers, so a later replay runs the new layout.
@@ -672,7 +678,7 @@ def plan_prefill_wrapper(
         num_kv_heads,
         head_dim,
         PAGE_SIZE,
-        packed_custom_mask=plan.packed_mask,
+        custom_mask=plan.custom_mask,
         causal=plan.causal,
         sm_scale=sm_scale,
         q_data_type=q_dtype,

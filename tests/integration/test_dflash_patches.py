@@ -173,7 +173,8 @@ def test_flashinfer_dcut_backend_plans_ragged_verify_from_the_batch():
         want = fv.plan_verify(wip, wkv, p, ct.qo_indptr, fv.chain_kept_cols(ct.qo_indptr, width), mask, num_tokens=width)
         assert torch.equal(qo, want.qo_indptr) and torch.equal(kv_ip, want.kv_indptr)
         assert torch.equal(kv_idx, want.kv_indices) and (hq, hkv, d, page) == (8, 2, 16, fv.PAGE_SIZE)
-        assert kw["causal"] is (not tree_mask) and (kw["packed_custom_mask"] is None) is (not tree_mask)
+        assert kw["causal"] is (not tree_mask) and (kw["custom_mask"] is None) is (not tree_mask)
+        assert "packed_custom_mask" not in kw  # FlashInfer packs (byte offsets per request)
         if tree_mask:
-            assert torch.equal(kw["packed_custom_mask"], want.packed_mask)
+            assert torch.equal(kw["custom_mask"], want.custom_mask)
         assert fb.spec_info is spec and spec.ragged_verify_layout is not None  # the batch is not modified
