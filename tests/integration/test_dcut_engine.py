@@ -202,3 +202,34 @@ def test_no_kv_leak_after_finish_and_abort(served, prompts):
     flushed = _pool(eng)
     assert flushed["kv_evictable"] == 0
     assert flushed["kv_available"] == flushed["kv_total"] - held0
+
+
+def test_exempt_requests_keep_their_full_tree(served, prompts, hf_reference):
+    """Logprob and penalty requests are verified in full (counted); output stays lossless."""
+    from sglang_ext.engine.dcut_client import set_force_ratio
+
+    cfg, eng, _ = served
+    if cfg["dcut"] != "auto" or cfg["topk"] != 1:
+        pytest.skip("one configuration is enough")
+    assert set_force_ratio(eng, 0.25)
+    try:
+        before = _state(eng)["metrics"]
+        params = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+        outs = eng.generate(input_ids=prompts[:2], sampling_params=params, return_logprob=True)
+        assert [o["output_ids"] for o in outs] == hf_reference[:2]
+        mid = _state(eng)["metrics"]
+        assert mid["exempt_requests"]["logprobs"] > before["exempt_requests"]["logprobs"]
+        assert mid["pruned_steps"] == before["pruned_steps"]  # every request exempt: nothing pruned
+        # a penalised request next to plain ones: it is exempt, the plain ones are still pruned
+        pen = dict(params, frequency_penalty=0.5)
+        assert set_force_ratio(eng, 1.0)
+        ref_pen = eng.generate(input_ids=prompts[:1], sampling_params=pen)[0]["output_ids"]
+        assert set_force_ratio(eng, 0.25)
+        outs = eng.generate(input_ids=prompts[:4], sampling_params=[pen, params, params, params])
+        after = _state(eng)["metrics"]
+        assert outs[0]["output_ids"] == ref_pen
+        assert [o["output_ids"] for o in outs[1:]] == hf_reference[1:4]
+        assert after["exempt_requests"]["penalties"] > mid["exempt_requests"]["penalties"]
+        assert after["pruned_steps"] > mid["pruned_steps"]
+    finally:
+        set_force_ratio(eng, 0.0)
