@@ -36,6 +36,13 @@ is the same target argmax). KV: kept rows write their own window slots, pruned s
 written and lie past every committed length (over-allocation that the request's release frees);
 nothing is allocated or freed here.
 
+GPU: a compacted step carries a ``RaggedVerifyLayout`` and no mask; SGLang's own eager
+FlashInfer path already plans it (``DFlashVerifyInput.generate_attn_arg_prefill`` reads the layout:
+ragged ``qo_indptr``, keys = prefix + kept prefix of the window), as do FA3/trtllm_mha. The compacted
+forward sets ``spec_info.num_tokens_per_req = N + 1`` so the bs-keyed width-N target graphs refuse it
+(SGLang's ``can_run_graph`` lets widths <= 0 through); per-tier graphs need the ``flashinfer_dcut``
+backend (``sglang_ext.engine.flashinfer_verify``) plus a graph runner that captures them (not built).
+
 Launch-time cost profiling, the cost table on the model config and ``/server_info``, metrics and
 TP agreement are the EAGLE3 D-Cut glue's (:class:`DFlashDCutRunner` subclasses
 ``dcut_glue.DCutRunner``; ``profiler.obtain_cost_table`` times full steps of this worker through
