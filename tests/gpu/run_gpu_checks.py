@@ -4,7 +4,7 @@
 Needs only torch (CUDA), flashinfer-python and this repository (no SGLang install)::
 
     bash tests/gpu/run_gpu_checks.sh                 # on one H200: ~8 min budget, results in bench/results/
-    python tests/gpu/run_gpu_checks.py --dry-run --out /tmp/x   # tiny shapes on CPU (what CI runs)
+    python tests/gpu/run_gpu_checks.py --dry-run --out DIR      # tiny shapes on CPU (what CI runs)
 
 Parts (run in the order a, b-dense, c, b-MoE; each skipped with its reason when the time budget
 runs out; if FlashInfer cannot run, (b)/(c) fall back to the torch backend's SDPA, labelled so):
