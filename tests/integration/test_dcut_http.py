@@ -1,0 +1,151 @@
+"""64 concurrent HTTP clients against a launched CPU server with ``--dcut auto``.
+
+``python -m sglang.launch_server`` (the plugin loaded through its entry point) with the tiny
+models, EAGLE3 chain 7 steps / 8 draft tokens, ``--max-running-requests 64``, launch-time
+profiling at batch sizes 1, 16, 64. Then 64 client threads send greedy ``/generate`` requests
+(prompt and output lengths vary) in a loop for 20 s (CI) or 2 minutes (``-m slow``):
+
+* no HTTP error, every request completes with its requested number of tokens;
+* ``/server_info`` shows D-Cut steps, pruning, and batch sizes above 16 were served;
+* when the traffic drains, no request is running and the KV pool holds nothing but the radix
+  cache (no leak under concurrency, aborts-free traffic).
+
+Budget: CI < 2.5 min (server start ~60-90 s incl. profiling, 20 s of traffic); slow < 4.5 min.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+NUM_CLIENTS = 64
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models, tmp_path_factory):
+    import requests
+
+    from sglang_ext.engine.cpu.standins import cpu_testbed_env
+
+    tmp = tmp_path_factory.mktemp("dcut-http")
+    port = _free_port()
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", tiny_models.target,
+           "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", tiny_models.draft,
+           "--speculative-num-steps", "7", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8",
+           "--attention-backend", "torch_sdpa", "--device", "cpu", "--dtype", "float32",
+           "--sampling-backend", "pytorch", "--disable-cuda-graph", "--mem-fraction-static", "0.5",
+           "--max-running-requests", str(NUM_CLIENTS), "--max-total-tokens", "40000",
+           "--chunked-prefill-size", "-1", "--skip-server-warmup", "--random-seed", "0",
+           "--host", "127.0.0.1", "--port", str(port),
+           "--dcut", "auto", "--dcut-cache-dir", str(tmp / "cache"), "--dcut-profile-batch-sizes", "1,16,64",
+           "--dcut-profile-steps", "2", "--dcut-profile-warmup", "1"]
+    env = cpu_testbed_env()
+    env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
+    log = open(tmp / "server.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}; see {tmp / 'server.log'}")
+            try:
+                if requests.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.time() > deadline:
+                raise TimeoutError("server did not become healthy")
+            time.sleep(1.0)
+        yield base, proc, tmp / "server.log"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _soak(base: str, vocab: int, seconds: float) -> dict:
+    import requests
+
+    deadline = time.time() + seconds
+
+    def client(i: int) -> dict:
+        rng = random.Random(i)
+        sess = requests.Session()
+        done = errors = 0
+        bad = []
+        while time.time() < deadline:
+            n_in, n_out = rng.randint(3, 24), rng.randint(4, 48)
+            body = {"input_ids": [rng.randrange(1, vocab - 1) for _ in range(n_in)],
+                    "sampling_params": {"temperature": 0.0, "max_new_tokens": n_out, "ignore_eos": True}}
+            try:
+                r = sess.post(base + "/generate", json=body, timeout=300)
+                out = r.json() if r.status_code == 200 else None
+            except Exception as e:  # any transport error counts
+                errors += 1
+                bad.append(repr(e))
+                continue
+            if out is None or len(out.get("output_ids", [])) != n_out:
+                errors += 1
+                bad.append(f"status {r.status_code}: {str(out)[:200]}")
+            else:
+                done += 1
+        return {"done": done, "errors": errors, "bad": bad[:3]}
+
+    with cf.ThreadPoolExecutor(NUM_CLIENTS) as ex:
+        results = list(ex.map(client, range(NUM_CLIENTS)))
+    return {"done": sum(r["done"] for r in results), "errors": sum(r["errors"] for r in results),
+            "bad": [b for r in results for b in r["bad"]][:5], "idle_clients": sum(r["done"] == 0 for r in results)}
+
+
+def _check(server, tiny_models, seconds):
+    import json
+
+    from sglang_ext.engine.dcut_client import dcut_info, dcut_states
+
+    base, proc, log = server
+    with open(os.path.join(tiny_models.target, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    before = dcut_states(base)[0]
+    res = _soak(base, vocab, seconds)
+    assert res["errors"] == 0, res
+    assert res["done"] >= NUM_CLIENTS and res["idle_clients"] == 0, res
+    assert proc.poll() is None
+    for _ in range(100):
+        st = dcut_states(base)[0]
+        if st["kv_pool"]["running_requests"] == 0:
+            break
+        time.sleep(0.2)
+    m, pool = st["metrics"], st["kv_pool"]
+    assert pool["running_requests"] == 0
+    held_before = before["kv_pool"]["kv_total"] - before["kv_pool"]["kv_available"] - before["kv_pool"]["kv_evictable"]
+    assert pool["kv_total"] - pool["kv_available"] - pool["kv_evictable"] == held_before
+    assert m["steps"] > before["metrics"]["steps"] and m["pruned_steps"] > before["metrics"]["pruned_steps"]
+    assert dcut_info(base)["cost_table"]["batch_sizes"] == [1, 16, 64]
+
+
+def test_64_clients_20s(server, tiny_models):
+    _check(server, tiny_models, 20.0)
+
+
+@pytest.mark.slow
+def test_64_clients_2min(server, tiny_models):
+    _check(server, tiny_models, 120.0)
