@@ -367,3 +367,28 @@ def test_think_length_guards(served, prompts):
         k = _check_prefix(o, b, served["boundary_ids"])
         assert k is None or k >= floor
     assert late, "no exit after the min-think floor"
+
+
+def test_forced_stop_token_logprob(served, prompts, tiny_models):
+    """With return_logprob the forced </think> carries the target's log-probability of </think> there."""
+    from transformers import AutoModelForCausalLM
+
+    batch = prompts[:8]
+    outs = served["engine"].generate(input_ids=batch, sampling_params=[dict(GREEDY, custom_params=ALL_PASS)] * 8,
+                                     require_reasoning=True, return_logprob=True)
+    exited = [(p, o) for p, o in zip(batch, outs) if o["meta_info"]["specexit_exited"]]
+    assert exited
+    target = AutoModelForCausalLM.from_pretrained(tiny_models.target, dtype=torch.float32).eval()
+    for prompt, o in exited[:3]:
+        k = o["output_ids"].index(STOP)
+        logprobs = o["meta_info"]["output_token_logprobs"]
+        assert len(logprobs) == len(o["output_ids"]) and logprobs[k][1] == STOP
+        with torch.no_grad():
+            logits = target(torch.tensor([prompt + o["output_ids"][:k]])).logits[0, -1]
+        expected = torch.log_softmax(logits, -1)[STOP].item()
+        assert logprobs[k][0] == pytest.approx(expected, abs=1e-3)
+        # the token before the cut keeps its own logprob
+        with torch.no_grad():
+            prev = target(torch.tensor([prompt + o["output_ids"][: k - 1]])).logits[0, -1]
+        assert logprobs[k - 1][0] == pytest.approx(torch.log_softmax(prev, -1)[o["output_ids"][k - 1]].item(),
+                                                   abs=1e-3)
