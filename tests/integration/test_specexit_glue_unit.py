@@ -303,3 +303,20 @@ def test_streamer_subclass_adds_one_value_per_request_and_meta_info_is_scalar():
     assert {k: meta[k] for k in META_KEYS} == {
         "specexit_active": True, "specexit_exited": True, "specexit_exit_reason": "signals",
         "specexit_think_tokens": 1, "specexit_skipped_tokens_estimate": None}
+
+
+def test_frontend_endpoint_adds_custom_params_to_generation_requests():
+    from sglang_ext.engine.specexit_frontend import SpecExitRuntimeEndpoint, specexit_custom_params
+
+    ep = SpecExitRuntimeEndpoint.__new__(SpecExitRuntimeEndpoint)  # no server needed for the body rewrite
+    ep.specexit_params = specexit_custom_params({"confidence_threshold": 0.9, "specexit_max_think_tokens": 64})
+    s = SimpleNamespace(images_=[])
+    gen = {"text": "q", "sampling_params": {"max_new_tokens": 16, "custom_params": {"other": 1}}}
+    ep._add_images(s, gen)
+    assert gen["sampling_params"]["custom_params"] == {"other": 1, "specexit_confidence_threshold": 0.9,
+                                                       "specexit_max_think_tokens": 64}
+    prefill = {"text": "q", "sampling_params": {"max_new_tokens": 0}}
+    ep._add_images(s, prefill)
+    assert "custom_params" not in prefill["sampling_params"]
+    with pytest.raises(ValueError, match="specexit_window"):
+        specexit_custom_params({"window": 0})

@@ -162,3 +162,15 @@ def test_req_fields():
     assert "self.to_finish" in inspect.getsource(Req.update_finish_state)
     assert _params(FINISH_ABORT.__init__) == ["self", "message", "status_code", "err_type"]
     assert "self.req_to_token = torch.zeros" in inspect.getsource(ReqToTokenPool.__init__)
+
+
+def test_frontend_endpoint_target():
+    from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+
+    assert _params(RuntimeEndpoint._add_images) == ["self", "s", "data"]
+    for method in (RuntimeEndpoint.generate, RuntimeEndpoint.generate_stream, RuntimeEndpoint._generate_http_request):
+        src = inspect.getsource(method)
+        assert "self._add_images(s, data)" in src
+        # the body is posted after _add_images saw it
+        assert src.index("self._add_images(s, data)") < src.index('"/generate"')
+    assert '"sampling_params": {' in inspect.getsource(RuntimeEndpoint.generate)
