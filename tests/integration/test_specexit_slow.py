@@ -7,9 +7,11 @@
   ``custom_params`` gets HTTP 400 naming the field on ``/generate`` and ``/v1/chat/completions``
   while other requests are served; a forced exit (``specexit_max_think_tokens``) is split by the
   reasoning parser at the forced ``</think>`` exactly as the parser splits the raw text;
-  ``/server_info`` counts the exits.
+  ``/server_info`` counts the exits;
+* with D-Cut at a fixed ratio: SpecExit-off outputs and forced exits are unchanged (lossless pruning),
+  signal exits keep the prefix property.
 
-Budget: < 6 min (three start-ups of ~30-60 s each on the shared 2-core machine).
+Budget: < 9 min (five start-ups of ~30-60 s each on the shared 2-core machine).
 """
 
 from __future__ import annotations
@@ -159,3 +161,34 @@ def test_http_forced_exit_is_split_by_the_reasoning_parser(server, tiny_models):
     assert "</think>" not in (message["reasoning_content"] or "") + (message["content"] or "")
     info = requests.get(server + "/server_info", timeout=60).json()["internal_states"][0]["specexit"]
     assert info["exits_by_reason"]["max_think_tokens"] >= 2
+
+
+def test_specexit_with_dcut(tiny_models, prompts, tmp_path_factory):
+    """D-Cut only prunes what the target verifies (lossless), so with a fixed ratio: SpecExit-off outputs and
+    forced exits at a fixed think length are identical to the runs without D-Cut, and signal exits keep the
+    prefix property (their position may move: per-step signal means depend on how many drafts each step
+    accepted)."""
+    from sglang_ext.engine.specexit_checkpoint import add_signal_rows
+    from test_specexit_engine import SERVER_FLAGS, random_signal_rows
+
+    boundary, ids, feats = choose_boundaries(tiny_models.target, [prompts])
+    draft = add_signal_rows(tiny_models.draft, str(tmp_path_factory.mktemp("dcut_draft")), random_signal_rows(feats))
+    forced = {"specexit_max_think_tokens": 10, "specexit_max_think_grace": 0, "specexit_confidence_threshold": 1.0}
+    n = len(prompts)
+    params = [dict(GREEDY, custom_params=p) for p in [forced] * n + [None] * n + [OFF] * n]
+    outs = {}
+    for dcut in ("off", "0.5"):
+        eng = make_engine(tiny_models.target, attention_backend="torch_sdpa", speculative_algorithm="EAGLE3",
+                          speculative_draft_model_path=draft, speculative_num_steps=3, speculative_eagle_topk=1,
+                          speculative_num_draft_tokens=4, specexit_step_split_tokens=json.dumps(boundary), dcut=dcut,
+                          **SERVER_FLAGS)
+        try:
+            outs[dcut] = eng.generate(input_ids=prompts * 3, sampling_params=params, require_reasoning=True)
+        finally:
+            eng.shutdown()
+    with_cut, without = outs["0.5"], outs["off"]
+    assert [o["output_ids"] for o in with_cut[2 * n:]] == [o["output_ids"] for o in without[2 * n:]]
+    assert [o["output_ids"] for o in with_cut[:n]] == [o["output_ids"] for o in without[:n]]
+    assert all(o["output_ids"][10] == STOP for o in with_cut[:n])
+    exits = [_check_prefix(o, b, ids) for o, b in zip(with_cut[n:2 * n], without[2 * n:])]
+    assert any(k is not None for k in exits)
