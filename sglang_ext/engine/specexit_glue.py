@@ -126,8 +126,11 @@ def think_start_text(stop_think_text: str) -> Optional[str]:
     return None
 
 
-def ends_inside_think(ids: Sequence[int], start_id: Optional[int], end_id: int) -> bool:
-    """Whether ``ids`` ends inside an unclosed ``start ... end`` block.
+def ends_inside_think(ids: Sequence[int], start_id: Optional[int], end_id: int,
+                      before: Sequence[int] = ()) -> bool:
+    """Whether ``before + ids`` ends inside an unclosed ``start ... end`` block.
+
+    Scans backwards and stops at the last start or end token (no concatenation of long prompts).
 
     Examples
     --------
@@ -135,14 +138,17 @@ def ends_inside_think(ids: Sequence[int], start_id: Optional[int], end_id: int) 
     True
     >>> ends_inside_think([1, 3, 7, 4, 9], start_id=3, end_id=4), ends_inside_think([1, 2], 3, 4)
     (False, False)
+    >>> ends_inside_think([7, 8], start_id=3, end_id=4, before=[1, 3])
+    True
     """
     if start_id is None:
         return False
-    for token in reversed(ids):
-        if token == end_id:
-            return False
-        if token == start_id:
-            return True
+    for part in (ids, before):
+        for token in reversed(part):
+            if token == end_id:
+                return False
+            if token == start_id:
+                return True
     return False
 
 
@@ -150,10 +156,10 @@ def is_thinking(req, start_id: Optional[int], end_id: int) -> bool:
     """Thinking rule of the module docstring for one SGLang ``Req`` (host side, at prefill)."""
     if getattr(req, "grammar", None) is not None:
         return False
-    output = list(req.output_ids)
+    output = req.output_ids
     if getattr(req, "require_reasoning", False) and end_id not in output:
         return True
-    return ends_inside_think(list(req.origin_input_ids) + output, start_id, end_id)
+    return ends_inside_think(output, start_id, end_id, before=req.origin_input_ids)
 
 
 # --------------------------------------------------------------------------- the runner
