@@ -8,7 +8,8 @@ D-Cut tests and ``bench/dcut_throughput.py``; nothing here runs inside the sched
 * :func:`dcut_states` -- per-DP-rank live state: ``metrics`` (keep ratio, tier histogram, ...),
   ``kv_pool`` (free / evictable / total KV slots);
 * :func:`set_force_ratio` -- ``/set_internal_state`` ``dcut_force_ratio``: a fixed ratio in
-  (0, 1] (1.0 = full verification), or 0 for the configured ``--dcut`` mode.
+  (0, 1] (1.0 = full verification), or 0 for the configured ``--dcut`` mode;
+* :func:`set_compact` -- ``dcut_compact``: compacted verify, or the cut-links-only oracle.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import urllib.request
 from typing import Any, Dict, List, Union
 
-__all__ = ["dcut_info", "dcut_states", "set_force_ratio", "server_info"]
+__all__ = ["dcut_info", "dcut_states", "set_force_ratio", "set_compact", "server_info"]
 
 Target = Union[str, Any]  # base URL or sglang.Engine
 
@@ -50,7 +51,16 @@ def dcut_states(target: Target) -> List[Dict[str, Any]]:
 
 def set_force_ratio(target: Target, ratio: float) -> bool:
     """Switch the server to a fixed ratio (0 = back to the configured mode). True when accepted."""
-    payload = {"server_args": {"dcut_force_ratio": float(ratio)}}
+    return _set_internal_state(target, {"dcut_force_ratio": float(ratio)})
+
+
+def set_compact(target: Target, compact: bool) -> bool:
+    """Compacted verify (True) or the cut-links-only oracle with a full-width forward (False)."""
+    return _set_internal_state(target, {"dcut_compact": int(bool(compact))})
+
+
+def _set_internal_state(target: Target, values: Dict[str, Any]) -> bool:
+    payload = {"server_args": values}
     if isinstance(target, str):
         out = _http(target.rstrip("/") + "/set_internal_state", payload)
         if isinstance(out, dict):

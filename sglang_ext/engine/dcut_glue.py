@@ -62,6 +62,7 @@ from sglang_ext.dcut import (
     chain_keep_mask,
     choose,
     compact_tree,
+    cut_links,
     scatter_to_full,
     tier_keep_counts,
 )
@@ -348,13 +349,20 @@ class _TargetForwardInterceptor:
             "out_cache_loc_is_physical": getattr(fb, "out_cache_loc_is_physical", False),
             "kv_loc_cols": getattr(fb, "kv_loc_cols", None),
         }
+        saved["metadata_ready"] = getattr(fb, "forward_metadata_ready", None)
         spec = copy.copy(fb.spec_info)
         spec.custom_mask = p.custom_mask
         spec.positions = p.positions
         spec.ragged_verify_layout = p.layout
-        # never "fits" a uniform-width captured graph (VERIFY_EDIT_MAP 5, step 6)
-        spec.num_tokens_per_req = -1 if p.kept_index.shape[0] != p.total_nodes else spec.num_tokens_per_req
+        # A positive width != N: the uniform-width target graph is never replayed for a compact
+        # step (DecodeCudaGraphRunner.can_run_graph; VERIFY_EDIT_MAP 5, step 6) ...
+        n = int(getattr(spec, "draft_token_num", 0) or 0)
+        if n > 1:
+            spec.num_tokens_per_req = n - 1
         fb.spec_info = spec
+        if saved["metadata_ready"]:
+            # ... and a graph pre-plan (load_batch) made for the strided batch is not reused.
+            fb.forward_metadata_ready = False
         fb.input_ids = p.draft_token
         fb.positions = p.positions
         plan = getattr(fb, "kv_loc_plan", None)
@@ -369,6 +377,8 @@ class _TargetForwardInterceptor:
         try:
             result = original(*args, **kwargs)
         finally:
+            if saved["metadata_ready"] is not None:
+                fb.forward_metadata_ready = saved["metadata_ready"]
             fb.spec_info = saved["spec_info"]
             fb.input_ids = saved["input_ids"]
             fb.positions = saved["positions"]
@@ -444,9 +454,12 @@ class DCutRunner:
     override_ratio : float or None
         Runtime override of ``cfg.mode`` (``/set_internal_state`` key ``dcut_force_ratio``; 1.0 =
         full verification, the ``off`` behaviour); None = the configured mode.
-    compact : bool
+    compact : bool or None
         True: compacted forward (saves FLOPs). False: full forward with cut links only
-        ("Route C", the correctness oracle).
+        ("Route C", the correctness oracle; no FLOP saving). None (default): compact when the
+        target attention backend runs ragged TARGET_VERIFY batches (it sets
+        ``supports_ragged_target_verify = True``, as the project's ``torch_sdpa`` does), else cut
+        links only, with a warning.
     """
 
     def __init__(self, worker: Any, cfg: Any):
@@ -459,7 +472,7 @@ class DCutRunner:
         self.metrics = DCutMetrics(tiers=self.tiers)
         self.forced_ratio: Optional[float] = None
         self.override_ratio: Optional[float] = None
-        self.compact = True
+        self.compact: Optional[bool] = None
         self.log_interval = LOG_INTERVAL_STEPS
         self.unsupported = _unsupported_reason(worker)
         if self.unsupported is not None:
@@ -537,6 +550,8 @@ class DCutRunner:
         if bs == 0 or not hasattr(vi, "retrieve_next_token"):
             return full()
 
+        if self.compact is None:
+            self.compact = _backend_runs_ragged_verify(worker)
         decision, prepared = self._plan(worker, batch, vi, bs, n)
         if prepared is None:
             result = full()
@@ -630,6 +645,15 @@ class DCutRunner:
             width = plan.verify_width + n_exempt * n
         width = min(width, bs * n)
         verified = plan.verify_width + n_exempt * n  # host upper bound; exact count below
+        tier_name = (f"{self.tiers[tier_index]:g}" if tier_index != NO_TIER else f"ratio:{plan.ratio:g}")
+        if plan.mode == "fallback":
+            tier_name = f"fallback:{tier_name}"
+        if not self.compact:  # Route C: same layout, pruned nodes unreachable, full-width forward
+            cut_nt, cut_ns = cut_links(nt, ns, keep)
+            if device.type == "cpu":
+                verified = int(keep.sum().item())
+            decision = StepDecision(bs, n, tier_name, plan.mode, verified, bs * n, n_exempt, predicted)
+            return decision, (None, (cut_nt.to(nt.dtype), cut_ns.to(ns.dtype)))
         ct = compact_tree(keep, vi.draft_token, vi.positions, nt, ns, num_tokens=width)
         links = (ct.cut_next_token.to(nt.dtype), ct.cut_next_sibling.to(ns.dtype))
         mask, _ = build_full_mask(ct.tree_block, ct.counts, batch.seq_lens)
@@ -643,11 +667,29 @@ class DCutRunner:
         )
         if self.metrics.steps % 16 == 0 or device.type == "cpu":
             verified = int(ct.counts.sum().item())  # exact on CPU (free); sampled on GPU
-        tier_name = (f"{self.tiers[tier_index]:g}" if tier_index != NO_TIER else f"ratio:{plan.ratio:g}")
-        if plan.mode == "fallback":
-            tier_name = f"fallback:{tier_name}"
         decision = StepDecision(bs, n, tier_name, plan.mode, verified, width, n_exempt, predicted)
         return decision, (cv, links)
+
+
+RAGGED_VERIFY_FLAG = "supports_ragged_target_verify"
+"""Attribute an attention backend sets (True) when it runs ragged TARGET_VERIFY batches
+(``spec_info.ragged_verify_layout`` + a compact FULL mask), so D-Cut can compact the forward."""
+
+
+def _backend_runs_ragged_verify(worker: Any) -> bool:
+    backend = getattr(worker.target_worker.model_runner, "attn_backend", None)
+    ok = bool(getattr(backend, RAGGED_VERIFY_FLAG, False))
+    if not ok:
+        try:  # the project's CPU backend (it predates the flag)
+            from sglang_ext.engine.cpu.torch_backend import TorchSDPABackend
+
+            ok = isinstance(backend, TorchSDPABackend)
+        except ImportError:
+            ok = False
+    if not ok:
+        logger.warning("D-Cut: attention backend %s cannot run ragged verify batches; pruned nodes are cut "
+                       "from the links only (lossless, but no verify FLOPs are saved)", type(backend).__name__)
+    return ok
 
 
 def _tp_group() -> Any:

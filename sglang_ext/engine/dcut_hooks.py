@@ -11,7 +11,9 @@ target                                                                 type   pu
 
 ``/set_internal_state`` with ``{"server_args": {"dcut_force_ratio": r}}`` switches the running
 server to the fixed ratio ``r`` in (0, 1] (1.0 = full verification) and ``0`` back to the
-configured ``--dcut`` mode (used by tests and benches to compare modes on one server).
+configured ``--dcut`` mode (used by tests and benches to compare modes on one server);
+``dcut_compact`` 0 switches to the link-cut-only oracle (full-width forward, "Route C"), 1 back
+to the compacted verify.
 
 ``get_init_info`` is the scheduler's start-up handshake; its dict is merged into ``/server_info``
 (and ``Engine.get_server_info()``) at top level, so the cost table appears there as
@@ -33,6 +35,7 @@ HOOK_UPDATE_HANDLERS = (
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._update_handlers"
 )
 FORCE_RATIO_KEY = "dcut_force_ratio"
+COMPACT_KEY = "dcut_compact"
 SERVER_INFO_KEY = "dcut"
 
 __all__ = ["register_hooks", "after_get_init_info", "after_get_internal_state", "dcut_runner_of",
@@ -103,7 +106,17 @@ def after_update_handlers(result, controller, *args, **kwargs):
         logger.info("D-Cut: %s=%s (mode now %s)", key, value, runner._mode())
         return None  # a worker command, not a server arg
 
+    def validate_compact(key, value):
+        if value not in (0, 1):
+            raise UpdateRejected(f"{key} must be 1 (compacted verify) or 0 (cut links only, full-width forward)")
+
+    def apply_compact(key, value):
+        runner.compact = bool(value)
+        logger.info("D-Cut: %s=%s", key, value)
+        return None
+
     result[FORCE_RATIO_KEY] = handler_cls(validate, apply)
+    result[COMPACT_KEY] = handler_cls(validate_compact, apply_compact)
     return result
 
 

@@ -233,3 +233,29 @@ def test_exempt_requests_keep_their_full_tree(served, prompts, hf_reference):
         assert after["pruned_steps"] > mid["pruned_steps"]
     finally:
         set_force_ratio(eng, 0.0)
+
+
+def test_link_cut_oracle_matches_compacted_verify(served, prompts, hf_reference):
+    """Route C (same layout, pruned links cut, full-width forward) == compacted verify == HF."""
+    from sglang_ext.engine.dcut_client import set_compact, set_force_ratio
+
+    cfg, eng, _ = served
+    if cfg["n"] != 8:
+        pytest.skip("the 8-token configurations are enough")
+    assert set_force_ratio(eng, 0.5)
+    try:
+        before = _state(eng)["metrics"]
+        assert set_compact(eng, False)
+        oracle = [o["output_ids"] for o in engine_generate(eng, prompts, MAX_NEW_TOKENS)]
+        mid = _state(eng)["metrics"]
+        assert set_compact(eng, True)
+        compact = [o["output_ids"] for o in engine_generate(eng, prompts, MAX_NEW_TOKENS)]
+        after = _state(eng)["metrics"]
+    finally:
+        set_compact(eng, True)
+        set_force_ratio(eng, 0.0)
+    assert oracle == compact == hf_reference
+    # the oracle prunes the same way but runs full-width forwards; the compacted verify does not
+    assert mid["pruned_steps"] > before["pruned_steps"]
+    assert mid["padded_tokens"] - before["padded_tokens"] == mid["full_tokens"] - before["full_tokens"]
+    assert after["padded_tokens"] - mid["padded_tokens"] < after["full_tokens"] - mid["full_tokens"]
