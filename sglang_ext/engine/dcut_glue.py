@@ -599,8 +599,7 @@ class DCutRunner:
         if cap is None:
             self.metrics.uncaptured_steps += 1
             return full_decision, None
-        scores = cap.scores_for_verify(vi, bs)
-        cap.mark_consumed()
+        scores = cap.scores_for_verify(vi, bs)  # SpecExit reads the same scores after verify
         if not scores.valid:
             self.metrics.uncaptured_steps += 1
             return full_decision, None

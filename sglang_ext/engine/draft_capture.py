@@ -16,8 +16,9 @@ root = the previous bonus token, ``N = --speculative-num-draft-tokens``):
 * ``survival`` ``[batch_size, num_draft_tokens]`` float32: the product of ``confidence`` on
   the root -> node path (chains: prefix products; trees: SGLang's own EAGLE-2 path scores);
   ``survival[:, 0] = 1``; ``INELIGIBLE_SCORE`` (-inf) where a confidence was not finite;
-* ``valid``: False when this step's draft was not captured (e.g. ``speculative_num_steps = 0``);
-  the values are then all ones and must not drive decisions.
+* ``valid``: False when this step's draft was not captured (e.g. ``speculative_num_steps = 0``,
+  or a read after the step's draft extend started); the values must not drive decisions then.
+  Any number of readers may read the same step (D-Cut before verify, SpecExit after it).
 
 Where each number comes from
 ----------------------------
@@ -242,8 +243,12 @@ class DraftCapture:
 
     # ------------------------------------------------------------------ draft extend (d_1 of the next step)
     def begin_extend(self) -> None:
+        """Start the draft extend that follows a verify: this step's scores were consumed by then
+        (D-Cut before the target forward, SpecExit after it), so later reads report ``valid=False``
+        until the next ``draft_forward``."""
         self._mode = _MODE_EXTEND
         self._extend_logits_owner = None
+        self._rows = 0
 
     def record_extend_output(self, logits_output: Any) -> None:
         """Remember the draft-extend ``LogitsProcessorOutput`` (rows are selected afterwards)."""

@@ -150,9 +150,11 @@ def test_chain_capture_columns_and_extend_fix():
     tokens = torch.tensor([7, 0, 1, 0, 7, 1, 0, 1])
     q = cap.scores(2, draft_probs=probs, draft_token=tokens).confidence
     assert torch.allclose(q, torch.tensor([[1.0, 0.1, 0.7, 0.5], [1.0, 0.8, 0.6, 0.1]]))
-    # a read without a new draft is flagged
-    cap.mark_consumed()
+    # several readers see the same step; once the draft extend starts, reads are flagged stale
+    assert cap.scores(2).valid
+    cap.begin_extend()
     assert not cap.scores(2).valid
+    cap.end_extend(None, 2)
 
 
 def test_scheduler_info_targets():
