@@ -30,9 +30,12 @@ written, lie past every possible committed length and are ordinary over-allocati
 request's release frees. No slot is allocated or freed here, so nothing can leak.
 
 Tiers and TP: the tier and the keep mask are computed on every rank and taken from rank 0
-(:func:`agree_across_ranks`), so all ranks run the same shapes. On CPU the torch attention
-backend runs the ragged shapes eagerly; on GPU each tier would own a captured graph (the
-FlashInfer tier backend is not part of this module; GPU path not yet run).
+(:func:`agree_across_ranks`), so all ranks run the same shapes. The forward is compacted only
+when the target attention backend runs ragged TARGET_VERIFY batches (class attribute
+``supports_ragged_target_verify = True``; the CPU testbed's ``torch_sdpa`` backend does, eagerly);
+with any other backend the pruned nodes are only cut from the links ("Route C": lossless, no
+FLOPs saved, warned once). The ``/set_internal_state`` knob ``dcut_compact`` 0 forces that
+oracle. GPU path (a FlashInfer backend with one graph per (batch size, tier)) not yet run.
 
 Metrics (:class:`DCutMetrics`) are bonus-inclusive like the planner: a step verifies
 ``verified_tokens`` target rows (roots included, padding excluded) out of ``bs * N``; its
