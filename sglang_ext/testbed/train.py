@@ -32,7 +32,8 @@ def stage_config(stage: str, quick: bool):
     if stage == "target":
         if quick:
             return TargetTrainConfig(steps=40, batch_size=8, lr=3e-3, warmup=5, ckpt_every=20,
-                                     eval_every=0, eval_problems=4, arith_steps=10, arith_warmup=2)
+                                     eval_every=0, eval_problems=4, arith_steps=10, arith_warmup=2,
+                                     drill_steps=6, drill_warmup=2, drill_batch_size=8)
         return TargetTrainConfig()
     if stage == "traces":
         from sglang_ext.testbed.traces import TraceConfig

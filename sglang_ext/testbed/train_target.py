@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_ext.testbed import task
-from sglang_ext.testbed.common import collate, encode_example, encode_prompt, greedy_generate, \
+from sglang_ext.testbed.common import Example, collate, encode_example, encode_prompt, greedy_generate, \
     load_if_exists, lr_at, save_atomic
 from sglang_ext.testbed.modeling import IGNORE_INDEX, ModelShape, aux_layer_ids, build_target
 from sglang_ext.testbed.tokenizer import build_tokenizer, save_tokenizer
@@ -30,10 +30,17 @@ P_NO_THINK = 0.05
 
 @dataclass(frozen=True)
 class TargetTrainConfig:
-    """Two phases: ``steps`` on the reference trace distribution, then ``arith_steps``
-    (fresh optimizer, own warm-up and cosine) with more operations per problem and the
-    loss on the result tokens of each ``a op b = c`` weighted by ``result_weight``:
-    the templates are learnt in a few hundred steps, exact arithmetic much later."""
+    """Three phases, each with a fresh optimizer, own warm-up and cosine decay:
+
+    1. ``steps`` on the reference trace distribution;
+    2. ``arith_steps`` with more operations per problem and the loss on the result
+       tokens of each ``a op b = c`` weighted by ``result_weight``;
+    3. ``drill_steps`` of arithmetic drill: larger batches where a fraction
+       ``1 - drill_full_fraction`` of the sequences is cut right after the
+       ``So the result is`` paragraph (no ``</think>``, so the learnt chance of ending
+       the think span is untouched), the rest full traces.
+
+    The templates are learnt in a few hundred steps, exact arithmetic much later."""
 
     steps: int = 600
     batch_size: int = 32
@@ -54,6 +61,11 @@ class TargetTrainConfig:
     #: that the features the SpecExit rows probe encode them linearly.  The head is not
     #: part of the target; the SpecExit rows are fitted afresh in stage 4.
     aux_signal_weight: float = 0.5
+    drill_steps: int = 300
+    drill_lr: float = 5e-4
+    drill_warmup: int = 10
+    drill_batch_size: int = 64
+    drill_full_fraction: float = 0.25
 
 
 def batch_for_step(tok, seed: int, step: int, batch_size: int):
@@ -78,6 +90,27 @@ def arith_batch_for_step(tok, seed: int, step: int, batch_size: int,
         p = task.Problem(str(i), operands, ops)
         thinking = rng.random() >= P_NO_THINK
         examples.append(encode_example(tok, p, task.sample_num_rechecks(rng), thinking))
+    return collate(examples)
+
+
+def drill_batch_for_step(tok, seed: int, step: int, batch_size: int,
+                         operand_weights: Sequence[float], full_fraction: float):
+    """Phase-3 batch of ``step`` (pure function of ``(seed, step)``); see :class:`TargetTrainConfig`."""
+    rng = random.Random(f"sglang_ext-target-drill-{seed}-{step}")
+    examples = []
+    for i in range(batch_size):
+        k = rng.choices((2, 3, 4), weights=operand_weights)[0]
+        operands = tuple(rng.randint(0, task.MAX_OPERAND_VALUE) for _ in range(k))
+        ops = tuple(rng.choice(task.OPS) for _ in range(k - 1))
+        p = task.Problem(str(i), operands, ops)
+        if rng.random() < full_fraction:
+            thinking = rng.random() >= P_NO_THINK
+            examples.append(encode_example(tok, p, task.sample_num_rechecks(rng), thinking))
+        else:
+            prompt = encode_prompt(tok, p.question)
+            paras = task.think_paragraphs(p, 0)  # steps + result paragraph
+            body = "".join(x + task.PARAGRAPH_BREAK for x in paras)
+            examples.append(Example(prompt + tok.encode(body, add_special_tokens=False), len(prompt)))
     return collate(examples)
 
 
@@ -236,8 +269,8 @@ def train_target(out_dir: str, seed: int, shape: ModelShape, cfg: TargetTrainCon
                  progress: bool = True) -> dict:
     """Train (or resume, or skip when done) the target; returns the training record.
 
-    Writes ``out_dir/target/`` (final HF model), ``out_dir/target_ckpt.pt`` (phase 1)
-    and ``out_dir/target_arith_ckpt.pt`` (phase 2).
+    Writes ``out_dir/target/`` (final HF model) and one checkpoint per phase
+    (``target_ckpt.pt``, ``target_arith_ckpt.pt``, ``target_drill_ckpt.pt``).
     """
     final_dir = os.path.join(out_dir, "target")
     record_path = os.path.join(out_dir, "target_record.json")
@@ -283,9 +316,18 @@ def train_target(out_dir: str, seed: int, shape: ModelShape, cfg: TargetTrainCon
             lambda labels: result_token_weights(labels, eq_id, stop_id, cfg.result_weight),
             eval_problems, progress, aux_fn, aux_head)
         losses, evals = losses + l2, evals + e2
+        if cfg.drill_steps > 0:
+            l3, e3 = _train_phase(
+                model, tok, os.path.join(out_dir, "target_drill_ckpt.pt"), "target-drill",
+                cfg.drill_steps, cfg.drill_lr, cfg.drill_warmup, cfg,
+                lambda step: drill_batch_for_step(tok, seed, step, cfg.drill_batch_size,
+                                                  cfg.arith_operand_weights, cfg.drill_full_fraction),
+                lambda labels: result_token_weights(labels, eq_id, stop_id, cfg.result_weight),
+                eval_problems, progress, aux_fn, aux_head)
+            losses, evals = losses + l3, evals + e3
 
     final_eval = evaluate_target(model, tok, eval_problems)
-    final_eval["step"] = cfg.steps + cfg.arith_steps
+    final_eval["step"] = cfg.steps + cfg.arith_steps + (cfg.drill_steps if cfg.arith_steps else 0)
     evals.append(final_eval)
     save_target(model, final_dir)
     record = {"losses": losses, "evals": evals, "shape": shape.__dict__, "seed": seed,

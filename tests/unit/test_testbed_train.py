@@ -35,8 +35,8 @@ def test_target_loss_decreases_and_config(quick_run):
     rec = json.load(open(os.path.join(out, "target_record.json")))
     losses = rec["losses"]
     tc = train.stage_config("target", True)
-    assert len(losses) == tc.steps + tc.arith_steps
-    phase1, phase2 = losses[: tc.steps], losses[tc.steps:]
+    assert len(losses) == tc.steps + tc.arith_steps + tc.drill_steps
+    phase1, phase2 = losses[: tc.steps], losses[tc.steps: tc.steps + tc.arith_steps]
     assert _mean(phase1[-5:]) < 0.6 * _mean(phase1[:5])
     assert _mean(phase2[-3:]) < _mean(phase2[:3])  # LM + auxiliary signal loss
     cfg = json.load(open(os.path.join(out, "target", "config.json")))
@@ -113,9 +113,26 @@ def test_result_token_weights_mark_equation_results():
     assert (w[0][: ex.prompt_len] == 0).all()
 
 
+def test_drill_batches_cut_after_the_result_paragraph():
+    from sglang_ext.testbed.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    ids, labels, lengths = train_target.drill_batch_for_step(tok, 0, 0, 16, (0.2, 0.3, 0.5), 0.25)
+    close = tok.convert_tokens_to_ids("</think>")
+    cut = 0
+    for r in range(16):
+        text = tok.decode(ids[r, : lengths[r]].tolist())
+        if close in ids[r].tolist():
+            continue
+        cut += 1
+        assert text.endswith(".\n\n") and text.split("\n\n")[-2].startswith("So the result is")
+    assert 6 <= cut <= 16
+
+
 def test_interrupted_target_resumes_to_identical_weights(tmp_path, monkeypatch):
     cfg = train_target.TargetTrainConfig(steps=5, batch_size=2, lr=3e-3, warmup=2, ckpt_every=2,
-                                         eval_every=0, eval_problems=1, arith_steps=4, arith_warmup=1)
+                                         eval_every=0, eval_problems=1, arith_steps=4, arith_warmup=1,
+                                         drill_steps=2, drill_warmup=1, drill_batch_size=2)
     monkeypatch.setattr(train_target, "evaluate_target", lambda *a, **k: {"accuracy": 0.0})
     ref_dir, cut_dir = str(tmp_path / "ref"), str(tmp_path / "cut")
     train_target.train_target(ref_dir, 0, QUICK_SHAPE, cfg, progress=False)
@@ -143,7 +160,7 @@ def test_interrupted_target_resumes_to_identical_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(train_target, "arith_batch_for_step", real_arith)
     train_target.train_target(cut_dir, 0, QUICK_SHAPE, cfg, progress=False)
     rec = json.load(open(os.path.join(cut_dir, "target_record.json")))
-    assert len(rec["losses"]) == 9
+    assert len(rec["losses"]) == 11
     a = load_file(os.path.join(ref_dir, "target", "model.safetensors"))
     b = load_file(os.path.join(cut_dir, "target", "model.safetensors"))
     assert a.keys() == b.keys()
