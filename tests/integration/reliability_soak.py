@@ -170,6 +170,56 @@ def send_one(session, url: str, kind: str, inputs: SoakInputs, i: int, timeout: 
         raise ValueError(f"unknown kind {kind!r}")
 
 
+#: D-Cut modes cycled during a soak (``dcut_force_ratio``; 0 = the configured ``auto``).
+DCUT_MODE_CYCLE = (0.25, 0.5, 0.0, 0.75, 1.0)
+
+
+class DCutModeCycler:
+    """Context manager: switch the server's D-Cut mode every ``period_s`` seconds while a soak runs.
+
+    Under the tiny CPU models ``auto`` mostly chooses the full tier, so the soak forces the pruned
+    tiers too (``/set_internal_state`` ``dcut_force_ratio``), switching them under load; the
+    configured mode is restored on exit. ``switches`` counts accepted switches, ``failures`` the
+    refused ones.
+    """
+
+    def __init__(self, url: str, period_s: float = 2.0, ratios: Sequence[float] = DCUT_MODE_CYCLE) -> None:
+        self.url, self.period_s, self.ratios = url, period_s, tuple(ratios)
+        self.switches = 0
+        self.failures: List[str] = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def _run(self) -> None:
+        from sglang_ext.engine.dcut_client import set_force_ratio
+
+        i = 0
+        while not self._stop.wait(self.period_s if i else 0.0):
+            ratio = self.ratios[i % len(self.ratios)]
+            try:
+                if set_force_ratio(self.url, ratio):
+                    self.switches += 1
+                else:
+                    self.failures.append(f"dcut_force_ratio={ratio} refused")
+            except Exception as e:  # noqa: BLE001
+                self.failures.append(f"dcut_force_ratio={ratio}: {type(e).__name__}: {e}")
+            i += 1
+
+    def __enter__(self) -> "DCutModeCycler":
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from sglang_ext.engine.dcut_client import set_force_ratio
+
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(120)
+        if not set_force_ratio(self.url, 0.0):
+            self.failures.append("could not restore the configured mode")
+
+
 def run_soak(url: str, inputs: SoakInputs, clients: int = 64, duration_s: float = 20.0,
              request_timeout_s: float = 300.0) -> SoakReport:
     """Run ``clients`` threads against ``url`` for ``duration_s`` seconds (see the module docstring)."""

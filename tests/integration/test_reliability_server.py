@@ -8,9 +8,11 @@ table profiled at launch into a fresh cache directory (batch sizes 1, 8, 64).
 * every bad ``custom_params`` of ``reliability_cases.BAD_CUSTOM_PARAMS`` gets HTTP 400 naming the
   key, through ``/generate`` and through the OpenAI chat API, and the server keeps serving;
 * a 20-second soak (CI) and a 2-minute soak (slow tier): 64 concurrent HTTP clients sending the
-  mixed thinking / non-thinking kinds of ``reliability_soak.KINDS``; zero errors, zero lost
-  requests, every forced exit counted once in ``/server_info``, D-Cut steps recorded, and the KV
-  pool back to its state before the soak.
+  mixed thinking / non-thinking kinds of ``reliability_soak.KINDS`` while the D-Cut mode is
+  switched every 2 s between the pruned tiers, ``auto`` and full verification (on the tiny CPU
+  models ``auto`` alone mostly verifies in full); zero errors, zero lost requests, every forced
+  exit counted once in ``/server_info``, pruned D-Cut steps recorded, and the KV pool back to
+  its state before the soak.
 
 Budget: < 3 min in CI (one server start-up ~60-90 s incl. profiling, 46 rejected requests, a
 20-second soak and its drain); slow tier + ~2.5 min.
@@ -23,7 +25,7 @@ import os
 import pytest
 
 from reliability_cases import BAD_CUSTOM_PARAMS
-from reliability_soak import FORCED_KINDS, KINDS, SoakInputs, run_soak
+from reliability_soak import DCUT_MODE_CYCLE, FORCED_KINDS, KINDS, DCutModeCycler, SoakInputs, run_soak
 
 CLIENTS = 64
 QUESTIONS = ["Compute: 7 + 4 - 2", "Compute: 3 * 5 + 1", "Compute: 9 - 6 + 8", "Compute: 2 + 2 * 3"]
@@ -103,9 +105,11 @@ def test_server_keeps_serving_after_bad_requests(server):
 def _soak_and_check(server, inputs, duration_s):
     _, se0, dc0 = _state(server)
     held = lambda p: p["kv_total"] - p["kv_available"] - p["kv_evictable"]  # noqa: E731
-    report = run_soak(server, inputs, clients=CLIENTS, duration_s=duration_s)
+    with DCutModeCycler(server, period_s=2.0) as cycler:
+        report = run_soak(server, inputs, clients=CLIENTS, duration_s=duration_s)
     summary = report.summary()
-    print("soak:", summary)
+    print("soak:", summary, "D-Cut mode switches:", cycler.switches)
+    assert cycler.failures == [] and cycler.switches >= len(DCUT_MODE_CYCLE), (cycler.switches, cycler.failures)
     assert report.errors == [], report.errors[:10]
     assert report.lost == 0, report.lost_detail[:10]
     assert report.total_sent == report.total_ok
@@ -118,7 +122,8 @@ def _soak_and_check(server, inputs, duration_s):
     m0, m1 = dc0["metrics"], dc1["metrics"]
     print("D-Cut during the soak:", {k: v - m0["tier_histogram"].get(k, 0) for k, v in m1["tier_histogram"].items()},
           "steps", m1["steps"] - m0["steps"], "pruned", m1["pruned_steps"] - m0["pruned_steps"])
-    assert m1["steps"] > m0["steps"]
+    assert m1["steps"] > m0["steps"] and m1["pruned_steps"] > m0["pruned_steps"]  # pruned verify under load
+    assert dc1["override_ratio"] is None  # the configured mode is back (live state)
     assert m1["exempt_requests"]["logprobs"] > m0["exempt_requests"]["logprobs"]  # logprob requests kept whole
     pool = dc1["kv_pool"]
     assert pool["running_requests"] == 0 and held(pool) == held(dc0["kv_pool"]), (dc0["kv_pool"], pool)
