@@ -450,6 +450,7 @@ def obtain_cost_table(runner: Any, worker: Any) -> Tuple[Optional[CostTable], Di
         logger.info("D-Cut: cost table reused from cache %s", path)
         return CostTable.from_dict(data), {"source": "cache", "path": path}
 
+    t0 = time.perf_counter()
     try:
         table = profile_cost_table(runner, worker, key, batch_sizes)
         rows = max_over_ranks([list(r) for r in table.step_ms], group)
@@ -458,7 +459,7 @@ def obtain_cost_table(runner: Any, worker: Any) -> Tuple[Optional[CostTable], Di
     except Exception as e:
         logger.warning("D-Cut: cost profiling failed (%s: %s); fallback ratio 0.75", type(e).__name__, e)
         return None, {"source": "fallback", "error": f"profiling failed: {type(e).__name__}: {e}"}
-    info: Dict[str, Any] = {"source": "profiled", "path": path}
+    info: Dict[str, Any] = {"source": "profiled", "path": path, "profile_s": round(time.perf_counter() - t0, 2)}
     if rank0:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
