@@ -396,6 +396,16 @@ def _capture_methods(cls_ref: List[type]) -> Dict[str, Callable]:
             _active.capture = None
             cap.end_draft()
 
+    def draft(self, batch, **kwargs):
+        # A draft CUDA-graph replay runs the captured draft_forward kernels (buffer writes included)
+        # without calling draft_forward in Python: record the valid rows here for both paths.
+        cap = self._ext_capture
+        cap._rows = 0
+        out = super(cls_ref[0], self).draft(batch, **kwargs)
+        if not batch.forward_mode.is_idle():
+            cap._rows = max(cap._rows, len(batch.seq_lens))
+        return out
+
     def _draft_extend_for_decode(self, batch, batch_result, **kwargs):
         cap = self._ext_capture
         _wrap_runner_forward(self.draft_runner, cap)
@@ -413,6 +423,7 @@ def _capture_methods(cls_ref: List[type]) -> Dict[str, Callable]:
         return out
 
     return {
+        "draft": draft,
         "init_cuda_graphs": init_cuda_graphs,
         "draft_forward": draft_forward,
         "_draft_extend_for_decode": _draft_extend_for_decode,

@@ -43,6 +43,9 @@ def test_eagle_draft_worker_targets():
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
     assert _params(EagleDraftWorker.draft_forward) == ["self", "forward_batch"]
+    assert _params(EagleDraftWorker.draft) == ["self", "batch", "with_topology"]
+    draft_src = inspect.getsource(EagleDraftWorker.draft)
+    assert "self.cuda_graph_runner.execute(" in draft_src and "self.draft_forward(" in draft_src
     assert _params(EagleDraftWorker._draft_extend_for_decode) == ["self", "batch", "batch_result", "kv_loc_plan"]
     assert _params(EagleDraftWorker.init_cuda_graphs) == ["self"]
     fwd = inspect.getsource(EagleDraftWorker.draft_forward)
@@ -69,7 +72,7 @@ def test_reclass_keeps_sglang_methods():
     obj.__class__ = _capture_class(EagleDraftWorker)
     assert isinstance(obj, EagleDraftWorker)
     assert type(obj).draft_forward is not EagleDraftWorker.draft_forward
-    assert type(obj).draft is EagleDraftWorker.draft
+    assert type(obj).draft_extend is EagleDraftWorker.draft_extend  # everything else inherited unchanged
 
 
 def _tree_draft_lists(bs, topk, steps, gen):
