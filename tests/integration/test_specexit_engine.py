@@ -392,3 +392,41 @@ def test_forced_stop_token_logprob(served, prompts, tiny_models):
             prev = target(torch.tensor([prompt + o["output_ids"][: k - 1]])).logits[0, -1]
         assert logprobs[k - 1][0] == pytest.approx(torch.log_softmax(prev, -1)[o["output_ids"][k - 1]].item(),
                                                    abs=1e-3)
+
+
+def test_engine_signals_equal_the_offline_probe(served, prompts, tiny_models):
+    """The per-step signals the engine observes are the draft's signal rows applied to the target's EAGLE3
+    features (HF, teacher-forced), decoded and averaged over the root and the accepted drafts of each step."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from sglang_ext.testbed.modeling import capture_features
+
+    batch = prompts[:6]
+    outs = _gen(served["engine"], batch, [NEVER] * len(batch))
+    rids = {o["meta_info"]["id"]: (p, o["output_ids"]) for p, o in zip(batch, outs)}
+    steps = collections.defaultdict(list)  # rid -> [(accepted drafts a, signals)]
+    for e in _load_trace(served["trace"]):
+        if e["event"] != "step":
+            continue
+        for i, rid in enumerate(e["rids"]):
+            if rid in rids:
+                steps[rid].append((sum(t != -1 for t in e["accepted"][i]), e["signals"][i]))
+    fc = load_file(os.path.join(served["draft"], "model.safetensors"))["fc.weight"]
+    rows = fc[fc.shape[0] - 3:]  # confidence, progress, remain
+    target = AutoModelForCausalLM.from_pretrained(tiny_models.target, dtype=torch.float32).eval()
+    compared = 0
+    for rid, (prompt, output) in rids.items():
+        with torch.no_grad():
+            _, feats = capture_features(target, torch.tensor([prompt + output]))
+        z = feats[0] @ rows.T  # [positions, 3]
+        decoded = torch.stack([torch.sigmoid(z[:, 0]), torch.sigmoid(z[:, 1]), torch.exp(z[:, 2])], dim=1)
+        start = len(prompt)  # position of the prefill-sampled token, the first step's root
+        for a, logged in steps[rid]:
+            if start + a + 1 > len(prompt) + len(output) - 1:
+                break  # the last step may run past max_new_tokens
+            expected = decoded[start: start + a + 1].mean(0)
+            assert logged == pytest.approx(expected.tolist(), rel=1e-3, abs=1e-4), (rid, start)
+            compared += 1
+            start += a + 1  # the bonus becomes the next root
+    assert compared >= 20
