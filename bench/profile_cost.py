@@ -102,7 +102,7 @@ def _engine_kwargs(args: argparse.Namespace, on_gpu: bool, cache_dir: str) -> Di
     return kw
 
 
-def profile_with_engine(args: argparse.Namespace) -> Dict[str, Any]:
+def _profile_with_engine(args: argparse.Namespace) -> Dict[str, Any]:
     """Launch an engine with ``--dcut auto`` so its scheduler profiles; return its ``dcut`` info."""
     on_gpu = _activate_cpu_testbed()
     import sglang
@@ -134,7 +134,7 @@ def profile_with_engine(args: argparse.Namespace) -> Dict[str, Any]:
     return info
 
 
-def info_from_url(url: str) -> Dict[str, Any]:
+def _info_from_url(url: str) -> Dict[str, Any]:
     from sglang_ext.engine.dcut_client import dcut_info
 
     try:
@@ -143,7 +143,7 @@ def info_from_url(url: str) -> Dict[str, Any]:
         raise SystemExit(f"{url}: /server_info has no 'dcut' entry (the server runs without --dcut)") from None
 
 
-def info_from_file(path: str) -> Dict[str, Any]:
+def _info_from_file(path: str) -> Dict[str, Any]:
     from sglang_ext.dcut import CostTable, CostTableError
 
     try:
@@ -195,7 +195,15 @@ def format_table(table: Dict[str, Any]) -> str:
 
 
 def describe(info: Dict[str, Any]) -> str:
-    """Provenance lines: where the table came from and what it was profiled for."""
+    """Provenance lines: where the table came from and what it was profiled for.
+
+    Examples
+    --------
+    >>> print(describe({"cost_table_info": {"source": "fallback", "error": "profiling failed"},
+    ...                 "cost_table": None}))
+    source: fallback
+    error: profiling failed
+    """
     src = info.get("cost_table_info") or {}
     lines = [f"source: {src.get('source')}" + (f" ({src['path']})" if src.get("path") else "")]
     if src.get("error"):
@@ -213,7 +221,7 @@ def describe(info: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(table: Dict[str, Any], path: str, title: str = "") -> None:
+def _plot(table: Dict[str, Any], path: str, title: str = "") -> None:
     """Two panels: step ms per tier vs batch size, and tier / full ratio vs batch size."""
     import matplotlib
 
@@ -256,7 +264,7 @@ def _title(table: Dict[str, Any]) -> str:
             f"N={k['draft_tokens']} topk={k['topk']} steps={k['num_steps']}, ctx {k['context_len']}")
 
 
-def report(info: Dict[str, Any], out_png: Optional[str]) -> int:
+def _report(info: Dict[str, Any], out_png: Optional[str]) -> int:
     print("\n" + describe(info))
     table = info.get("cost_table")
     if not table:
@@ -264,7 +272,7 @@ def report(info: Dict[str, Any], out_png: Optional[str]) -> int:
         return 1
     print("\n" + format_table(table))
     if out_png:
-        plot(table, out_png, _title(table))
+        _plot(table, out_png, _title(table))
         print(f"\nplot: {out_png}")
     return 0
 
@@ -272,16 +280,16 @@ def report(info: Dict[str, Any], out_png: Optional[str]) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse_args(argv)
     if args.url:
-        info = info_from_url(args.url.rstrip("/"))
+        info = _info_from_url(args.url.rstrip("/"))
     elif args.table:
-        info = info_from_file(args.table)
+        info = _info_from_file(args.table)
     else:
-        info = profile_with_engine(args)
+        info = _profile_with_engine(args)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({k: info.get(k) for k in ("cost_table", "cost_table_info", "launch_s")}, f, indent=2)
-    return report(info, args.out or None)
+    return _report(info, args.out or None)
 
 
 if __name__ == "__main__":
