@@ -35,7 +35,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
 MODES = ("full", "r0.25", "r0.5", "r0.75", "auto")
 MODE_RATIO = {"full": 1.0, "r0.25": 0.25, "r0.5": 0.5, "r0.75": 0.75, "auto": 0.0}

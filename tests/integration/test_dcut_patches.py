@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 import pkgutil
 
-import pytest
 import torch
 
 
