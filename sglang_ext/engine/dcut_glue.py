@@ -682,13 +682,6 @@ def _backend_runs_ragged_verify(worker: Any) -> bool:
     backend = getattr(worker.target_worker.model_runner, "attn_backend", None)
     ok = bool(getattr(backend, RAGGED_VERIFY_FLAG, False))
     if not ok:
-        try:  # the project's CPU backend (it predates the flag)
-            from sglang_ext.engine.cpu.torch_backend import TorchSDPABackend
-
-            ok = isinstance(backend, TorchSDPABackend)
-        except ImportError:
-            ok = False
-    if not ok:
         logger.warning("D-Cut: attention backend %s cannot run ragged verify batches; pruned nodes are cut "
                        "from the links only (lossless, but no verify FLOPs are saved)", type(backend).__name__)
     return ok

@@ -717,6 +717,9 @@ def flashinfer_dcut_backend_class() -> type:
     class FlashInferDCutBackend(FlashInferAttnBackend):
         """SGLang's FlashInfer backend plus ragged (pruned) verify, eager and per-tier graphs."""
 
+        #: read by the D-Cut glue (``dcut_glue.RAGGED_VERIFY_FLAG``): compact the verify forward
+        supports_ragged_target_verify = True
+
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
             self._dcut_graph_wrappers = {}  # (bs, num_tokens) -> [wrapper per wrapper slot]

@@ -179,3 +179,21 @@ def test_sglang_plugins_allowlist(plugins, expect_ext):
     assert f"HAS_CONFIG {expect_ext}" in out
     assert f"WRAPPED {expect_ext}" in out
     assert ("DCUT_ACCEPTED" in out) == expect_ext and ("DCUT_REJECTED 2" in out) == (not expect_ext)
+
+
+def test_project_backends_declare_ragged_verify():
+    """D-Cut compacts the verify forward only on backends that declare ragged TARGET_VERIFY support."""
+    from types import SimpleNamespace
+
+    from sglang_ext.engine import dcut_glue
+    from sglang_ext.engine.cpu.torch_backend import TorchSDPABackend
+
+    assert getattr(TorchSDPABackend, dcut_glue.RAGGED_VERIFY_FLAG) is True
+    src = inspect.getsource(__import__("sglang_ext.engine.flashinfer_verify", fromlist=["x"]))
+    assert "supports_ragged_target_verify = True" in src
+
+    def worker_with(backend):
+        return SimpleNamespace(target_worker=SimpleNamespace(model_runner=SimpleNamespace(attn_backend=backend)))
+
+    assert dcut_glue._backend_runs_ragged_verify(worker_with(TorchSDPABackend.__new__(TorchSDPABackend)))
+    assert not dcut_glue._backend_runs_ragged_verify(worker_with(object()))

@@ -154,6 +154,9 @@ class TorchSDPABackend(AttentionBackend):
     :class:`~sglang_ext.engine.cpu.torch_backend_plan.AttentionPlan`.
     """
 
+    #: read by the D-Cut glue (``dcut_glue.RAGGED_VERIFY_FLAG``): ragged TARGET_VERIFY is served
+    supports_ragged_target_verify = True
+
     needs_cpu_seq_lens = True
 
     def __init__(self, model_runner: "ModelRunner"):
