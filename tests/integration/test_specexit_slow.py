@@ -159,8 +159,18 @@ def test_http_forced_exit_is_split_by_the_reasoning_parser(server, tiny_models):
     reasoning, content = ReasoningParser("qwen3-thinking", stream_reasoning=False).parse_non_stream(raw["text"])
     assert message["reasoning_content"] == reasoning and message["content"] == content
     assert "</think>" not in (message["reasoning_content"] or "") + (message["content"] or "")
+    # streaming: every chunk carries the fields, the last one says the request exited
+    chunks = []
+    with requests.post(server + "/generate", json={"text": prompt, "stream": True, "sampling_params": dict(
+            GREEDY, custom_params=FORCED)}, stream=True, timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith(b"data:") and line != b"data: [DONE]":
+                chunks.append(json.loads(line[5:]))
+    assert len(chunks) > 2 and all("specexit_exited" in c["meta_info"] for c in chunks)
+    assert chunks[0]["meta_info"]["specexit_exited"] is False and chunks[-1]["meta_info"]["specexit_exited"] is True
+    assert chunks[-1]["meta_info"]["specexit_think_tokens"] == 8
     info = requests.get(server + "/server_info", timeout=60).json()["internal_states"][0]["specexit"]
-    assert info["exits_by_reason"]["max_think_tokens"] >= 2
+    assert info["exits_by_reason"]["max_think_tokens"] >= 3
 
 
 def test_specexit_with_dcut(tiny_models, prompts, tmp_path_factory):
