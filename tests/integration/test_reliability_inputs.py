@@ -9,7 +9,8 @@ marker gets removed): YAML spellings that SGLang's ``--config`` reader turns int
 flags do not understand (lists for the comma-list flags, YAML 1.1 ``off`` for ``dcut`` and
 ``specexit-max-think-tokens``, a non-boolean for the ``specexit`` switch).
 
-Budget: < 60 s (in-process argument parsing, ~20 s measured; ``sglang.Engine`` is refused before it starts anything).
+Budget: < 60 s (in-process argument parsing, ~20 s measured; ``sglang.Engine`` is refused before it
+starts anything).
 """
 
 from __future__ import annotations
