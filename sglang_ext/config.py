@@ -70,10 +70,14 @@ def _parse_bool(text: Any) -> bool:
     raise ValueError(f"expected a boolean, got {text!r}")
 
 
+# YAML 1.1 reads a bare ``off`` as false, and SGLang's --config reader passes it on as "false".
+_OFF_WORDS = ("", "off", "none", "false")
+
+
 def _parse_optional_int(text: Any) -> Optional[int]:
-    if text is None:
+    if text is None or text is False:
         return None
-    if isinstance(text, str) and text.strip().lower() in ("", "off", "none"):
+    if isinstance(text, str) and text.strip().lower() in _OFF_WORDS:
         return None
     if isinstance(text, bool) or (isinstance(text, float) and not float(text).is_integer()):
         raise ValueError(f"expected an integer or 'off', got {text!r}")
@@ -128,13 +132,17 @@ def _parse_string_list(text: Any) -> Tuple[str, ...]:
 
 
 def _parse_dcut_mode(text: Any):
+    if text is False:
+        return DCUT_OFF
     if isinstance(text, bool):
         raise ValueError(f"expected off, auto or a ratio in (0, 1], got {text!r}")
     if isinstance(text, (int, float)):
         return float(text)
     s = str(text).strip().lower()
-    if s in (DCUT_OFF, DCUT_AUTO):
+    if s in (DCUT_AUTO,):
         return s
+    if s in (DCUT_OFF, "false"):
+        return DCUT_OFF
     try:
         return float(s)
     except ValueError:

@@ -46,7 +46,8 @@ def pick_models() -> DemoModels:
         return DemoModels(target, draft, trained=True)
     from sglang_ext.testbed.tiny import build_tiny_models
 
-    print("[demo] trained models not found; building tiny random models (about a minute) ...", flush=True)
+    if not os.path.exists(os.path.join(TINY_CACHE, "DONE")):
+        print("[demo] trained models not found; building tiny random models (about a minute) ...", flush=True)
     m = build_tiny_models(TINY_CACHE, seed=0, fit_steps=400)
     return DemoModels(m.target, m.draft, trained=False)
 

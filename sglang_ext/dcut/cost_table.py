@@ -384,6 +384,8 @@ class CostTable:
                 text = f.read()
         except OSError as exc:
             raise CostTableError(f"{path}: cannot read cost table: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise CostTableError(f"{path}: cost table is not UTF-8 text (binary file?): {exc.reason}") from exc
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

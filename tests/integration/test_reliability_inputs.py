@@ -128,8 +128,6 @@ def test_yaml_list_for_a_comma_list_flag(plugins_loaded, capsys, tmp_path, body,
     assert accepted is not None and sa._dcut.tiers == accepted
 
 
-@pytest.mark.xfail(strict=True, reason="YAML 1.1 reads 'off' as false; SGLang passes it as the text 'false', "
-                   "which --dcut / --specexit-max-think-tokens do not accept")
 @pytest.mark.parametrize("body", [_HEAD + "dcut: off\n", _HEAD + "specexit: true\nspecexit-max-think-tokens: off\n"],
                          ids=["dcut", "specexit-max-think-tokens"])
 def test_yaml_off_means_off(plugins_loaded, tmp_path, body):
