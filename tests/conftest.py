@@ -21,14 +21,14 @@ if not _cuda_available():
 
     os.environ.update(cpu_testbed_env())
     install()
+    # The kernel tests compare the project's torch ops with SGLang's Triton kernels run by the
+    # Triton interpreter. TRITON_INTERPRET only takes effect when a kernel module is first imported,
+    # and test collection imports those modules as a side effect, so it is set for the whole session
+    # here (SGLang itself never reads it; without a GPU no compiled Triton kernel can run anyway).
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):
-    # The kernel tests compare the project's torch ops with SGLang's Triton kernels run under
-    # TRITON_INTERPRET=1, which only takes effect when a kernel module is first imported; other
-    # tests import the same modules (compiled mode) as a side effect, so the kernel tests run first.
-    kernels_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels") + os.sep
-    items.sort(key=lambda item: 0 if str(item.fspath).startswith(kernels_dir) else 1)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="GPU test: no CUDA device on this machine (GPU path not run)")
