@@ -24,18 +24,7 @@ import time
 
 import torch
 
-CPU_ENGINE_KWARGS = dict(
-    device="cpu",
-    sampling_backend="pytorch",
-    disable_cuda_graph=True,
-    dtype="float32",
-    mem_fraction_static=0.5,
-    max_total_tokens=4096,
-    chunked_prefill_size=-1,
-    skip_server_warmup=True,
-    random_seed=0,
-    log_level="warning",
-)
+from sglang_ext.engine.cpu.standins import CPU_ENGINE_KWARGS
 
 
 def _prompts(target_dir: str, num: int, seed: int = 0) -> list:

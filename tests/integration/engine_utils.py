@@ -7,19 +7,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
-#: Engine settings that make SGLang 0.5.23 run (and agree with HF) on the CPU testbed.
-CPU_ENGINE_KWARGS = dict(
-    device="cpu",
-    sampling_backend="pytorch",
-    disable_cuda_graph=True,
-    dtype="float32",
-    mem_fraction_static=0.5,
-    max_total_tokens=4096,
-    chunked_prefill_size=-1,
-    skip_server_warmup=True,
-    random_seed=0,
-    log_level="warning",
-)
+from sglang_ext.engine.cpu.standins import CPU_ENGINE_KWARGS  # settings for the CPU testbed
 
 
 def make_engine(model_path: str, **overrides):

@@ -213,3 +213,19 @@ def cpu_testbed_env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+#: ``sglang.Engine`` settings that make SGLang 0.5.23 run (and agree with HF greedy output) on the
+#: CPU testbed; shared by the engine tests and the benches.
+CPU_ENGINE_KWARGS = dict(
+    device="cpu",
+    sampling_backend="pytorch",
+    disable_cuda_graph=True,
+    dtype="float32",
+    mem_fraction_static=0.5,
+    max_total_tokens=4096,
+    chunked_prefill_size=-1,
+    skip_server_warmup=True,
+    random_seed=0,
+    log_level="warning",
+)
