@@ -5,8 +5,9 @@
 
 One in-process ``sglang.Engine`` (EAGLE3 chain, 3 steps / 4 verify tokens, ``--specexit`` with the
 reference defaults of ALGORITHMS.md A.4-A.6 as server flags) serves three variants of the same
-problems, one after the other (after a short warm-up, each from an empty prefix cache), each with all its
-requests in flight together (``--concurrency``):
+problems, one after the other (after a short warm-up, each from an empty prefix cache, ``--repeats`` passes in
+the order A B C C B A so that the drift of a shared machine cancels out of the latency ratios), each
+with all its requests in flight together (``--concurrency``):
 
 * ``baseline``: EAGLE3 with SpecExit off for the request (``custom_params`` ``specexit_enable: false``);
 * ``reference``: the server defaults (EWMA alpha 0.1, confidence > 0.8, progress > 0.3, remain < 200);
@@ -38,7 +39,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -49,7 +50,7 @@ MAX_TOKENS_RATIO = 0.6
 MAX_ACCURACY_DROP_POINTS = 1.0
 DEFAULT_TUNED = os.path.join(REPO, "configs", "specexit_testbed_tuned.yaml")
 #: A built-in tuned preset, used when ``--tuned`` is not given and the preset file does not exist.
-FALLBACK_TUNED = {"specexit_smoothing": "paragraph_mean", "specexit_window": 3}
+FALLBACK_TUNED = {"specexit_smoothing": "paragraph_mean", "specexit_window": 10}
 VARIANTS = ("baseline", "reference", "tuned")
 
 
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   f"if present, else {FALLBACK_TUNED})")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="passes per variant, in the order A B C C B A ... (latencies and walls are averaged; "
+                         "tokens and accuracy come from the first pass, greedy decoding repeats them)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--out", default=None, help="JSON file with the summary and every outcome")
     return ap
@@ -251,13 +255,24 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         # warm-up (first-call costs), then every variant starts from an empty prefix cache
         loop.run_until_complete(_run_variant(engine, tok, problems[:8], prompts[:8], custom["baseline"], 16,
                                              args.concurrency))
-        for name in variants:
+        # order A B C (C B A ...): drift of the shared machine's speed cancels out of the ratios
+        order = []
+        for r in range(args.repeats):
+            order += variants if r % 2 == 0 else variants[::-1]
+        timings: Dict[str, List[Tuple[float, float]]] = {name: [] for name in variants}
+        for name in order:
             engine.flush_cache()
             t0 = time.perf_counter()
-            outcomes[name] = loop.run_until_complete(_run_variant(engine, tok, problems, prompts, custom[name],
-                                                                  args.max_new_tokens, args.concurrency))
-            summary[name] = summarize(outcomes[name], time.perf_counter() - t0)
-            print(json.dumps({name: summary[name]}), file=sys.stderr)
+            run = loop.run_until_complete(_run_variant(engine, tok, problems, prompts, custom[name],
+                                                       args.max_new_tokens, args.concurrency))
+            wall = time.perf_counter() - t0
+            outcomes.setdefault(name, run)
+            timings[name].append((sum(o.latency_s for o in run) / len(run), wall))
+            print(json.dumps({name: summarize(run, wall)}), file=sys.stderr)
+        for name in variants:
+            summary[name] = summarize(outcomes[name], sum(w for _, w in timings[name]) / len(timings[name]))
+            summary[name]["mean_latency_s"] = sum(lat for lat, _ in timings[name]) / len(timings[name])
+            summary[name]["repeats"] = len(timings[name])
         summary["server_info"] = engine.get_server_info()["internal_states"][0].get("specexit")
     finally:
         engine.shutdown()
