@@ -100,7 +100,8 @@ def extension_info(base_url: str) -> dict:
     import requests
 
     info = requests.get(base_url + "/server_info", timeout=10).json()
-    return {k: v for k, v in info.items() if k.startswith("sglang_ext") or k in ("speculative_algorithm",)}
+    keep = ("speculative_algorithm", "specexit", "dcut")
+    return {k: v for k, v in info.items() if k.startswith("sglang_ext") or k in keep}
 
 
 @contextlib.contextmanager
