@@ -1,8 +1,8 @@
 """Run task problems through real SGLang (an in-process ``sglang.Engine``) and score them.
 
-    python -m sglang_ext.testbed.task --n 200 --seed 777 --out /tmp/p.jsonl
-    python -m sglang_ext.testbed.evaluate --problems /tmp/p.jsonl --out results.json
-    python -m sglang_ext.testbed.evaluate --problems /tmp/p.jsonl --speculative-algorithm EAGLE3 \\
+    python -m sglang_ext.testbed.task --n 200 --seed 777 --out p.jsonl
+    python -m sglang_ext.testbed.evaluate --problems p.jsonl --out results.json
+    python -m sglang_ext.testbed.evaluate --problems p.jsonl --speculative-algorithm EAGLE3 \\
         --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 \\
         [--specexit ...] [--dcut ...] --out results.json
 
