@@ -27,4 +27,7 @@ def test_demo_server_answers_a_question(tmp_path):
     if demo.pick_models().trained:
         # the trained tiny thinking model answers the demo question (7 + 4 - 2)
         assert "The answer is 9." in (out["answer"] or ""), out
-    assert "Traceback" not in server_log
+    # SGLang's own post-warmup GC thread may log a connection error while the server shuts down
+    blocks = server_log.split("Traceback (most recent call last):")[1:]
+    unexpected = [b[:800] for b in blocks if "freeze_gc" not in b]
+    assert not unexpected, unexpected
