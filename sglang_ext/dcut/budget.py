@@ -179,16 +179,19 @@ def rank_tree(
     """
     bs, n = scores.shape
     device = scores.device
-    s = _sanitize(scores)
-    eligible = topology.reachable.clone()
-    eligible[:, 0] = False
+    scores = scores.float()
+    eligible = topology.reachable & torch.isfinite(scores)
     if candidate_mask is not None:
         eligible &= candidate_mask.to(torch.bool)
-    s = torch.where(eligible, s, torch.full_like(s, float("-inf")))
+    s = torch.where(eligible, scores, float("-inf"))
     # Running minimum along root paths; the root does not constrain (+inf, the identity).
-    is_root = torch.arange(n, device=device).unsqueeze(0) == 0
-    s = path_reduce(torch.where(is_root, torch.full_like(s, float("inf")), s), topology, "min")
-    s = torch.where(is_root, torch.full_like(s, float("-inf")), s)  # roots are not candidates
+    # Path-product survival scores are already non-increasing from parent to child (and an
+    # ineligible node's descendants are ineligible), so one parent comparison usually
+    # replaces the pointer-jumping minimum.
+    s[:, 0] = float("inf")
+    if not bool((s <= s.gather(1, topology.parent.clamp(min=0))).all()):
+        s = path_reduce(s, topology, "min")
+    s[:, 0] = float("-inf")  # roots are not candidates
     # One int64 sort key: score descending (monotone integer image of the float32 score) in
     # the high 32 bits, then (depth asc, request asc, node asc) in the low 31 bits.
     # Unreachable nodes sort after every reachable one, roots after everything.

@@ -124,24 +124,20 @@ def confidence_from_probs(
 def _log_conf(conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """log of clamped confidences, NaN where the confidence is not finite."""
     conf = conf.float()
-    nonfinite = ~torch.isfinite(conf)
-    logc = torch.log(torch.nan_to_num(conf, nan=1.0, posinf=1.0, neginf=1.0).clamp(0.0, 1.0))
-    logc = torch.where(nonfinite, torch.full_like(logc, float("nan")), logc)
-    return logc, nonfinite
+    finite = torch.isfinite(conf)
+    return torch.where(finite, conf.clamp(0.0, 1.0).log(), float("nan")), ~finite
 
 
 def _finish(
     log_s: torch.Tensor,  # NaN where ineligible
     nonfinite: torch.Tensor,  # bool, same shape
-    scored: torch.Tensor,  # bool, nodes that are candidates
+    scored: Optional[torch.Tensor] = None,  # bool, nodes that are candidates (default: all)
 ) -> SurvivalScores:
     ineligible = torch.isnan(log_s)
-    scores = torch.where(ineligible, torch.full_like(log_s, INELIGIBLE_SCORE), torch.exp(log_s))
-    return SurvivalScores(
-        scores=scores,
-        num_nonfinite=(nonfinite & scored).sum(),
-        num_ineligible=(ineligible & scored).sum(),
-    )
+    scores = torch.where(ineligible, INELIGIBLE_SCORE, log_s.exp())
+    if scored is not None:
+        nonfinite, ineligible = nonfinite & scored, ineligible & scored
+    return SurvivalScores(scores=scores, num_nonfinite=nonfinite.sum(), num_ineligible=ineligible.sum())
 
 
 def chain_survival(
@@ -171,7 +167,7 @@ def chain_survival(
     """
     logc, nonfinite = _log_conf(conf)
     log_s = torch.cumsum(logc, dim=1)  # NaN propagates to all later slots
-    return _finish(log_s, nonfinite, torch.ones_like(nonfinite))
+    return _finish(log_s, nonfinite)
 
 
 def tree_survival(
@@ -206,12 +202,12 @@ def tree_survival(
         [[1.0, 0.5, 0.25, 0.25]]
     """
     logc, nonfinite = _log_conf(conf)
-    is_root = torch.zeros_like(nonfinite)
-    is_root[:, 0] = True
     reachable = topology.reachable
-    nan = torch.full_like(logc, float("nan"))
     # Root: log 1 = 0 (the sum identity); nodes not linked to the root: NaN (ineligible).
-    logc = torch.where(reachable, torch.where(is_root, torch.zeros_like(logc), logc), nan)
-    nonfinite = nonfinite & ~is_root & reachable
-    log_s = path_reduce(logc, topology, "sum")
-    return _finish(log_s, nonfinite, ~is_root)
+    logc[:, 0] = 0.0
+    logc = torch.where(reachable, logc, float("nan"))
+    nonfinite[:, 0] = False
+    nonfinite &= reachable
+    scored = torch.ones_like(nonfinite)
+    scored[:, 0] = False
+    return _finish(path_reduce(logc, topology, "sum"), nonfinite, scored)

@@ -19,6 +19,7 @@ ties go to the cheaper tier (then the lower one).
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 from typing import Sequence, Union
 
@@ -128,7 +129,14 @@ def tier_keep_counts(
     >>> tier_keep_counts(4, 16)
     [12, 28, 44, 60]
     """
-    return [keep_count(batch_size, num_draft_tokens, r) for r in tiers]
+    return list(_tier_keep_counts_cached(int(batch_size), int(num_draft_tokens), tuple(tiers)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tier_keep_counts_cached(batch_size: int, num_draft_tokens: int, tiers: tuple) -> tuple[int, ...]:
+    # Exact rational arithmetic costs tens of microseconds per tier; the planner asks for the
+    # same (bs, N, tiers) every step.
+    return tuple(keep_count(batch_size, num_draft_tokens, r) for r in tiers)
 
 
 def smallest_fitting_tier(keep: int, tier_keeps: Sequence[int]) -> int:

@@ -130,15 +130,17 @@ class TreeTopology:
         ``[batch_size, num_nodes]`` int64; 0 for the root, ``UNREACHABLE_DEPTH`` for nodes not
         linked to the root.
     jumps : tuple of torch.Tensor
-        Pointer-jumping table, ``num_jump_rounds(num_nodes)`` tensors ``[batch_size,
-        num_nodes]`` int64: ``jumps[k][b, v]`` is the ``2**k``-th ancestor of v, or the last
-        ancestor on the way (nodes without a parent point to themselves). Path reductions
-        (survival products, running minima) reuse it instead of re-jumping.
+        Pointer-jumping table, ``ceil(log2(max depth))`` tensors ``[batch_size, num_nodes]``
+        int64 (at most ``num_jump_rounds(num_nodes)``; the jumping stops once every pointer
+        reached the top of its chain): ``jumps[k][b, v]`` is the ``2**k``-th ancestor of v,
+        or the last ancestor on the way (nodes without a parent point to themselves). Path
+        reductions (survival products, running minima) reuse it instead of re-jumping;
+        ``None`` (a topology built by hand) makes them rebuild it from ``parent``.
     """
 
     parent: torch.Tensor  # [batch_size, num_nodes]
     depth: torch.Tensor  # [batch_size, num_nodes]
-    jumps: tuple = ()  # num_jump_rounds(num_nodes) x [batch_size, num_nodes]
+    jumps: Optional[tuple] = None  # <= num_jump_rounds(num_nodes) x [batch_size, num_nodes]
 
     @property
     def batch_size(self) -> int:
@@ -189,9 +191,14 @@ class TreeTopology:
         dist = has_parent.to(torch.int64)
         jumps = []
         for _ in range(num_jump_rounds(n)):
+            nxt = jump.gather(1, jump)
+            if torch.equal(nxt, jump):
+                # Every pointer is at the top of its chain: the rounds done so far span the
+                # deepest path (further rounds would only add the tops' identity values).
+                break
             jumps.append(jump)
             dist = dist + dist.gather(1, jump)
-            jump = jump.gather(1, jump)
+            jump = nxt
         # ``jump`` is now the top of each node's ancestor chain.
         reachable = jump == 0
         depth = torch.where(reachable, dist, torch.full_like(dist, UNREACHABLE_DEPTH))
@@ -269,7 +276,7 @@ def path_reduce(
     >>> path_reduce(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), topo, "sum").tolist()
     [[0.0, 1.0, 3.0, 4.0]]
     """
-    jumps = topology.jumps or TreeTopology.from_parents(topology.parent).jumps
+    jumps = topology.jumps if topology.jumps is not None else TreeTopology.from_parents(topology.parent).jumps
     if op == "sum":
         for jump in jumps:
             values = values + values.gather(1, jump)
@@ -329,7 +336,10 @@ def parents_from_retrive(
     prev[:, n] = n
     head = prev
     for _ in range(num_jump_rounds(n + 1)):
-        head = head.gather(1, head)
+        nxt = head.gather(1, head)
+        if torch.equal(nxt, head):  # every pointer reached its list head
+            break
+        head = nxt
     return parent_of_head.gather(1, head[:, :n])
 
 

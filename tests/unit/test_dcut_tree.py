@@ -308,3 +308,27 @@ def test_deep_chain_topology(n):
     keep[0, 0] = True
     cnt, cns = cut_links(nt, ns, keep)
     assert cnt.tolist() == [[NO_LINK] * n] and cns.tolist() == [[NO_LINK] * n]
+
+
+def test_pointer_jumping_stops_early_and_path_sums_stay_exact():
+    # Shallow trees need fewer jumping rounds than num_jump_rounds(n); the path sums must still
+    # cover the whole root path (checked against a per-node walk), for shallow, deep and mixed
+    # batches, and for a topology built by hand (no jump table).
+    from sglang_ext.dcut import path_reduce
+    from sglang_ext.dcut.tree import num_jump_rounds
+
+    rng = random.Random(11)
+    star = [-1] + [0] * 59
+    chain = [-1] + list(range(59))
+    for parents in ([star, star], [chain, star], [random_parents(rng, 60, 3) for _ in range(8)]):
+        topo = TreeTopology.from_parents(torch.tensor(parents))
+        max_depth = max(depth_of(p, v) for p in parents for v in range(60))
+        assert len(topo.jumps) <= num_jump_rounds(60)
+        assert 2 ** len(topo.jumps) >= max_depth
+        values = torch.tensor([[float(rng.randint(1, 9)) if v else 0.0 for v in range(60)] for _ in parents])
+        want = [[sum(values[b, u].item() for u in ancestors_or_self(p, v)) for v in range(60)]
+                for b, p in enumerate(parents)]
+        assert path_reduce(values, topo, "sum").tolist() == want
+        by_hand = TreeTopology(parent=topo.parent, depth=topo.depth)
+        assert path_reduce(values, by_hand, "sum").tolist() == want
+    assert len(TreeTopology.from_parents(torch.tensor([star])).jumps) == 0
