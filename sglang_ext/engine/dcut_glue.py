@@ -49,6 +49,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -80,6 +81,12 @@ __all__ = [
     "exemption_reasons",
     "EXEMPT_REASONS",
     "FULL_TIER",
+    "CompactVerify",
+    "TargetForwardInterceptor",
+    "make_ragged_layout",
+    "agreement_tp_group",
+    "StepTiming",
+    "TIMING_ENV",
 ]
 
 EXEMPT_REASONS = ("grammar", "logprobs", "penalties", "rejection_sampling")
@@ -89,6 +96,9 @@ FULL_TIER = "full"
 LOG_INTERVAL_STEPS = 50
 """Steps between two D-Cut log lines."""
 _MAX_STEP_GAP_S = 5.0  # verify-to-verify intervals longer than this are idle time, not a step
+TIMING_ENV = "SGLANG_EXT_DCUT_TIMING"
+"""Environment variable: ``1`` turns on the per-step time split (:class:`StepTiming`, diagnostics
+for benches; on GPU each timed section synchronizes the device, so it slows the server down)."""
 
 
 # ----------------------------------------------------------------------------- exemptions
@@ -193,6 +203,69 @@ class StepDecision:
     predicted_ms: Optional[float] = None
 
 
+STEP_PARTS = ("draft", "plan", "target_forward", "verify_rest", "draft_extend", "other")
+"""Parts of a decode step in :class:`StepTiming` (``verify_rest``: verify minus the target
+forward -- sampling, commit, D-Cut compaction; ``other``: the rest of the verify-to-verify
+interval -- scheduler, batch bookkeeping)."""
+
+
+@dataclass
+class StepTiming:
+    """Wall time per part of a decode step, summed over timed steps (opt-in, :data:`TIMING_ENV`).
+
+    :class:`DCutRunner` wraps the draft worker's ``draft`` / ``_draft_extend_for_decode`` and the
+    target worker's verify forward (instance attributes) and times its own planner and verify; a
+    step is the interval between two verify calls (idle gaps > 5 s are skipped). Also keeps the
+    histogram of accept lengths (bonus included, 1..N) over the requests of every step.
+
+    Examples
+    --------
+    >>> t = StepTiming(num_draft_tokens=4)
+    >>> t.add("draft", 0.002); t.add("target_forward", 0.003); t.end_step(0.006, [4, 2])
+    >>> s = t.summary()
+    >>> s["steps"], round(s["ms_per_step"]["other"], 3), s["accept_length_histogram"]
+    (1, 1.0, [0, 0, 1, 0, 1])
+    """
+
+    num_draft_tokens: int
+    steps: int = 0
+    step_s: float = 0.0
+    part_s: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in STEP_PARTS})
+    _pending: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in STEP_PARTS})
+    accept_hist: List[int] = field(default_factory=list)
+
+    def add(self, part: str, seconds: float) -> None:
+        """Add ``seconds`` to ``part`` of the step in progress."""
+        self._pending[part] += seconds
+
+    def end_step(self, interval_s: Optional[float], accept_lens: Any = None) -> None:
+        """Close a step: ``interval_s`` since the previous verify (None: not timed, parts dropped)."""
+        if interval_s is not None:
+            parts = dict(self._pending)
+            parts["other"] = max(0.0, interval_s - sum(v for k, v in parts.items() if k != "other"))
+            for k, v in parts.items():
+                self.part_s[k] += v
+            self.step_s += interval_s
+            self.steps += 1
+        self._pending = {p: 0.0 for p in STEP_PARTS}
+        if accept_lens is not None:
+            if len(self.accept_hist) < self.num_draft_tokens + 1:
+                self.accept_hist = self.accept_hist + [0] * (self.num_draft_tokens + 1 - len(self.accept_hist))
+            for a in (accept_lens.tolist() if hasattr(accept_lens, "tolist") else accept_lens):
+                self.accept_hist[min(max(int(a), 0), self.num_draft_tokens)] += 1
+
+    def summary(self) -> Dict[str, Any]:
+        """JSON-able totals: ``steps``, ``step_ms`` (mean interval), ``ms_per_step`` per part,
+        ``accept_length_histogram`` (index = accept length incl. bonus)."""
+        k = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "step_ms": self.step_s * 1e3 / k,
+            "ms_per_step": {p: v * 1e3 / k for p, v in self.part_s.items()},
+            "accept_length_histogram": list(self.accept_hist),
+        }
+
+
 @dataclass
 class DCutMetrics:
     """Running D-Cut statistics of one worker (host counters + device accumulators)."""
@@ -214,9 +287,13 @@ class DCutMetrics:
     _accepted_host: int = 0
     _last: Optional[StepDecision] = None
     _last_time: Optional[float] = None
+    timing: Optional[StepTiming] = None  # set when TIMING_ENV is on
 
     def record(self, d: StepDecision, accept_lens: Optional[torch.Tensor]) -> None:  # accept_lens: [batch_size]
         now = time.perf_counter()
+        if self.timing is not None:
+            gap = None if self._last_time is None else now - self._last_time
+            self.timing.end_step(gap if gap is not None and gap < _MAX_STEP_GAP_S else None, accept_lens)
         if self._last is not None and self._last_time is not None:
             gap = now - self._last_time
             if gap < _MAX_STEP_GAP_S and self._last.predicted_ms is not None:
@@ -263,6 +340,7 @@ class DCutMetrics:
             "uncaptured_steps": self.uncaptured_steps,
             "predicted_step_ms": (self.predicted_ms_sum / self.timed_steps) if self.timed_steps else None,
             "measured_step_ms": (self.measured_ms_sum / self.timed_steps) if self.timed_steps else None,
+            "step_timing": None if self.timing is None else self.timing.summary(),
         }
 
     def log_line(self) -> str:
@@ -280,8 +358,22 @@ class DCutMetrics:
 
 # ----------------------------------------------------------------------------- compact verify
 @dataclass
-class _CompactVerify:
-    """Everything the intercepted target forward needs for one pruned step."""
+class CompactVerify:
+    """Everything the intercepted target forward needs for one pruned step.
+
+    Built by :meth:`DCutRunner._plan` (EAGLE) and the DFlash worker from
+    ``sglang_ext.dcut.compact_tree``; consumed by :class:`TargetForwardInterceptor`.
+    ``num_tokens`` is the tier's verify width (kept rows plus pad rows).
+
+    Examples
+    --------
+    >>> import torch
+    >>> cv = CompactVerify(kept_index=torch.tensor([0, 1, 4, -1]), draft_token=torch.tensor([7, 8, 9, 0]),
+    ...                    positions=torch.tensor([5, 6, 3, 0]), custom_mask=torch.ones(0, dtype=torch.bool),
+    ...                    layout=None, total_nodes=8)
+    >>> int((cv.kept_index >= 0).sum())  # kept rows; the last row is padding
+    3
+    """
 
     kept_index: torch.Tensor  # [num_tokens] int64, strided global id, PAD_INDEX on pad rows
     draft_token: torch.Tensor  # [num_tokens]
@@ -291,8 +383,29 @@ class _CompactVerify:
     total_nodes: int  # bs * N (rows of the strided layout)
 
 
-def _make_layout(counts: torch.Tensor, qo_indptr: torch.Tensor, num_tokens: int):
-    """SGLang's ``RaggedVerifyLayout`` for per-request verify lengths (device only, no host sync)."""
+def make_ragged_layout(counts: torch.Tensor, qo_indptr: torch.Tensor, num_tokens: int):
+    """SGLang's ``RaggedVerifyLayout`` for per-request verify lengths (device only, no host sync).
+
+    Parameters
+    ----------
+    counts : torch.Tensor
+        ``[batch_size]`` kept verify rows per request.
+    qo_indptr : torch.Tensor
+        ``[batch_size + 1]`` exclusive offsets of each request's rows (leading 0).
+    num_tokens : int
+        Rows of the compacted forward (the tier width; ``>= qo_indptr[-1]``, the rest is padding).
+
+    Returns
+    -------
+    sglang.srt.speculative.ragged_verify.RaggedVerifyLayout
+
+    Examples
+    --------
+    >>> import torch
+    >>> lay = make_ragged_layout(torch.tensor([3, 1]), torch.tensor([0, 3, 4]), 4)
+    >>> lay.verify_lens.tolist(), lay.extend_start_loc.tolist(), lay.graph_num_tokens
+    ([3, 1], [0, 3], 4)
+    """
     from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
 
     return RaggedVerifyLayout(
@@ -303,15 +416,29 @@ def _make_layout(counts: torch.Tensor, qo_indptr: torch.Tensor, num_tokens: int)
     )
 
 
-class _TargetForwardInterceptor:
+class TargetForwardInterceptor:
     """Per-instance wrapper of ``target_worker.forward_batch_generation`` for one verify call.
 
     The TARGET_VERIFY forward batch that ``run_eagle_verify`` built (strided, ``bs * N`` rows) is
     compacted in place, the original forward runs over the kept rows, the outputs are scattered
     back to the strided layout, and every compacted field of the forward batch is restored.
+    Any other call (draft forwards, non-verify modes) passes through unchanged; ``calls`` counts
+    the intercepted verify forwards. Used as a context manager around one verify::
+
+        with TargetForwardInterceptor(worker.target_worker, plan) as icpt:
+            result = base_verify(batch)
+        assert icpt.calls == 1
+
+    Parameters
+    ----------
+    target_worker : sglang TpModelWorker
+        The target worker whose ``forward_batch_generation`` is wrapped (instance attribute,
+        removed again on exit).
+    plan : CompactVerify
+        The kept rows of this step.
     """
 
-    def __init__(self, target_worker: Any, plan: _CompactVerify):
+    def __init__(self, target_worker: Any, plan: CompactVerify):
         self.target_worker = target_worker
         self.plan = plan
         self.calls = 0
@@ -480,6 +607,9 @@ class DCutRunner:
         self.unsupported = _unsupported_reason(worker)
         if self.unsupported is not None:
             logger.warning("D-Cut disabled: not supported with %s (full verification is used)", self.unsupported)
+        if os.environ.get(TIMING_ENV, "0") not in ("", "0"):
+            self.metrics.timing = StepTiming(self.num_draft_tokens)
+            _install_step_timers(worker, self.metrics.timing)
 
     # ------------------------------------------------------------------ launch
     def init_after_graphs(self, worker: Any) -> None:
@@ -555,7 +685,13 @@ class DCutRunner:
 
         if self.compact is None:
             self.compact = _backend_runs_ragged_verify(worker)
+        timing = self.metrics.timing
+        if timing is not None:
+            t0 = _timed_now(batch.seq_lens.device)
         decision, prepared = self._plan(worker, batch, vi, bs, n)
+        if timing is not None:
+            t1 = _timed_now(batch.seq_lens.device)
+            timing.add("plan", t1 - t0)
         if prepared is None:
             result = full()
         elif not self.compact:
@@ -564,10 +700,12 @@ class DCutRunner:
         else:
             plan, links = prepared
             vi.retrieve_next_token, vi.retrieve_next_sibling = links
-            with _TargetForwardInterceptor(worker.target_worker, plan) as icpt:
+            with TargetForwardInterceptor(worker.target_worker, plan) as icpt:
                 result = full()
             if icpt.calls != 1:
                 raise RuntimeError(f"D-Cut: expected one intercepted target verify forward, saw {icpt.calls}")
+        if timing is not None:
+            timing.add("verify_rest", _timed_now(batch.seq_lens.device) - t1 - timing._pending["target_forward"])
         self.metrics.record(decision, getattr(result, "accept_lens", None))
         if self.log_interval and self.forced_ratio is None and self.metrics.steps % self.log_interval == 0:
             logger.info(self.metrics.log_line())
@@ -590,7 +728,7 @@ class DCutRunner:
         return exempt
 
     def _plan(self, worker: Any, batch: Any, vi: Any, bs: int, n: int):
-        """(StepDecision, None | (_CompactVerify, cut links)) for this step."""
+        """(StepDecision, None | (CompactVerify, cut links)) for this step."""
         full_decision = StepDecision(bs, n, FULL_TIER, MODE_OFF, bs * n, bs * n, 0)
         exempt = self._exemptions(batch, bs)
         n_exempt = sum(exempt)
@@ -640,7 +778,7 @@ class DCutRunner:
         else:
             keep = keep_sub
         tier_index = plan.tier_index
-        keep, tier_index = agree_across_ranks(keep, tier_index, _tp_group())
+        keep, tier_index = agree_across_ranks(keep, tier_index, agreement_tp_group())
         if tier_index != NO_TIER:
             width = tier_keep_counts(nb, n, self.tiers)[tier_index] + nb + n_exempt * n
         else:
@@ -659,18 +797,55 @@ class DCutRunner:
         ct = compact_tree(keep, vi.draft_token, vi.positions, nt, ns, num_tokens=width)
         links = (ct.cut_next_token.to(nt.dtype), ct.cut_next_sibling.to(ns.dtype))
         mask, _ = build_full_mask(ct.tree_block, ct.counts, batch.seq_lens)
-        cv = _CompactVerify(
+        cv = CompactVerify(
             kept_index=ct.kept_index,
             draft_token=ct.draft_token.to(vi.draft_token.dtype),
             positions=ct.positions.to(vi.positions.dtype),
             custom_mask=mask,
-            layout=_make_layout(ct.counts, ct.qo_indptr, width),
+            layout=make_ragged_layout(ct.counts, ct.qo_indptr, width),
             total_nodes=bs * n,
         )
         if self.metrics.steps % 16 == 0 or device.type == "cpu":
             verified = int(ct.counts.sum().item())  # exact on CPU (free); sampled on GPU
         decision = StepDecision(bs, n, tier_name, plan.mode, verified, width, n_exempt, predicted)
         return decision, (cv, links)
+
+
+def _timed_now(device: Any) -> float:
+    """``time.perf_counter()`` after the device's queued work (timing mode only)."""
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _install_step_timers(worker: Any, timing: StepTiming) -> None:
+    """Wrap draft, draft extend and the target verify forward with timers (instance attributes)."""
+
+    def wrap(obj: Any, name: str, part: str, only_verify: bool = False) -> None:
+        original = getattr(obj, name, None)
+        if original is None:
+            return
+        device = getattr(getattr(worker, "target_worker", None), "device", None) or getattr(worker, "device", "cpu")
+        device = torch.device(device) if isinstance(device, str) else device
+
+        def timed(*args, **kwargs):
+            if only_verify and not kwargs.get("is_verify", False):
+                return original(*args, **kwargs)
+            t = _timed_now(device)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                timing.add(part, _timed_now(device) - t)
+
+        setattr(obj, name, timed)
+
+    dw = getattr(worker, "draft_worker", None)
+    if dw is not None:
+        wrap(dw, "draft", "draft")
+        wrap(dw, "_draft_extend_for_decode", "draft_extend")
+    tw = getattr(worker, "target_worker", None)
+    if tw is not None:
+        wrap(tw, "forward_batch_generation", "target_forward", only_verify=True)
 
 
 RAGGED_VERIFY_FLAG = "supports_ragged_target_verify"
@@ -687,7 +862,21 @@ def _backend_runs_ragged_verify(worker: Any) -> bool:
     return ok
 
 
-def _tp_group() -> Any:
+def agreement_tp_group() -> Any:
+    """The TP group on which rank 0's D-Cut decision is broadcast, or None without TP.
+
+    Returns
+    -------
+    GroupCoordinator or None
+        SGLang's TP group when its ``world_size > 1`` (read from the runtime context), else None
+        (single rank, or no runtime context, as in unit tests): :func:`agree_across_ranks` then
+        returns its inputs unchanged.
+
+    Examples
+    --------
+    >>> agreement_tp_group() is None  # no SGLang runtime context here
+    True
+    """
     try:
         from sglang.srt.runtime_context import get_parallel
 

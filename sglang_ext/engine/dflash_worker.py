@@ -103,13 +103,13 @@ from sglang_ext.dcut import NO_TIER, chain_keep_mask, chain_retrive, chain_survi
 from sglang_ext.dcut.tiers import tier_keep_counts
 from sglang_ext.engine.dcut_glue import (
     FULL_TIER,
+    CompactVerify,
     DCutRunner,
     StepDecision,
-    _CompactVerify,
-    _make_layout,
-    _TargetForwardInterceptor,
-    _tp_group,
+    TargetForwardInterceptor,
     agree_across_ranks,
+    agreement_tp_group,
+    make_ragged_layout,
 )
 from sglang_ext.engine.plugin import get_extension_config
 
@@ -364,7 +364,7 @@ class DFlashPrune:
     """A pruned DFlash step: kept drafts per request and the compacted verify."""
 
     keep_lens: torch.Tensor  # [batch_size] int64 kept drafts (anchor excluded)
-    compact: _CompactVerify
+    compact: CompactVerify
 
 
 @dataclass
@@ -467,7 +467,7 @@ class DFlashDCutRunner(DCutRunner):
             keep_lens[sub] = plan.keep_lens.to(device)
         else:
             keep_lens = plan.keep_lens.to(device=device, dtype=torch.int64)
-        keep, tier_index = agree_across_ranks(chain_keep_mask(keep_lens, n), plan.tier_index, _tp_group())
+        keep, tier_index = agree_across_ranks(chain_keep_mask(keep_lens, n), plan.tier_index, agreement_tp_group())
         keep_lens = keep.to(torch.int64).sum(dim=1) - 1
         if tier_index != NO_TIER:
             width = tier_keep_counts(nb, n, self.tiers)[tier_index] + nb + n_exempt * n
@@ -476,12 +476,12 @@ class DFlashDCutRunner(DCutRunner):
         width = min(width, bs * n)
         nt, ns = chain_retrive(bs, n, device=device)
         ct = compact_tree(keep, verify_input.draft_token, verify_input.positions, nt, ns, num_tokens=width)
-        compact = _CompactVerify(
+        compact = CompactVerify(
             kept_index=ct.kept_index,
             draft_token=ct.draft_token.to(verify_input.draft_token.dtype),
             positions=ct.positions.to(verify_input.positions.dtype),
             custom_mask=None,  # chains: causal (DFlash verifies without a mask)
-            layout=_make_layout(ct.counts, ct.qo_indptr, width),
+            layout=make_ragged_layout(ct.counts, ct.qo_indptr, width),
             total_nodes=bs * n,
         )
         verified = plan.verify_width + n_exempt * n
@@ -508,7 +508,7 @@ class DFlashDCutRunner(DCutRunner):
             kw["forward_batch"].spec_info.num_tokens_per_req = width
             return original(*a, **kw)
 
-        icpt = _TargetForwardInterceptor(worker.target_worker, prune.compact)
+        icpt = TargetForwardInterceptor(worker.target_worker, prune.compact)
         return icpt._run(forward_compacted, fb, args, kwargs)
 
     @contextlib.contextmanager

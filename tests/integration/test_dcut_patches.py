@@ -209,7 +209,7 @@ def test_interceptor_compacts_and_restores():
     """The per-instance wrapper compacts the TARGET_VERIFY batch, scatters outputs back, restores it."""
     from types import SimpleNamespace as NS
 
-    from sglang_ext.engine.dcut_glue import _CompactVerify, _TargetForwardInterceptor
+    from sglang_ext.engine.dcut_glue import CompactVerify, TargetForwardInterceptor
 
     class Mode:
         def is_target_verify(self):
@@ -233,10 +233,10 @@ def test_interceptor_compacts_and_restores():
     spec = NS(custom_mask=None, positions=None, ragged_verify_layout=None, num_tokens_per_req=4)
     fb = NS(forward_mode=Mode(), input_ids=torch.arange(8) + 100, positions=torch.arange(8),
             out_cache_loc=torch.arange(8) + 10, spec_info=spec, kv_loc_plan=None)
-    plan = _CompactVerify(kept_index=torch.tensor([0, 1, 4, -1]), draft_token=torch.tensor([100, 101, 104, 0]),
+    plan = CompactVerify(kept_index=torch.tensor([0, 1, 4, -1]), draft_token=torch.tensor([100, 101, 104, 0]),
                           positions=torch.tensor([0, 1, 4, 0]), custom_mask=torch.ones(1, dtype=torch.bool),
                           layout="L", total_nodes=8)
-    with _TargetForwardInterceptor(w, plan) as icpt:
+    with TargetForwardInterceptor(w, plan) as icpt:
         out = w.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
         passthrough = w.forward_batch_generation(batch=None, forward_batch=fb, is_verify=False)
     assert icpt.calls == 1 and "forward_batch_generation" not in vars(w)

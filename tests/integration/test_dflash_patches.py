@@ -127,7 +127,7 @@ def test_flashinfer_dcut_backend_plans_ragged_verify_from_the_batch():
 
     from sglang_ext.dcut import build_full_mask, chain_keep_mask, chain_retrive, compact_tree
     from sglang_ext.engine import flashinfer_verify as fv
-    from sglang_ext.engine.dcut_glue import _make_layout
+    from sglang_ext.engine.dcut_glue import make_ragged_layout
 
     cls = fv.flashinfer_dcut_backend_class()
     assert issubclass(cls, FlashInferAttnBackend) and fv.flashinfer_dcut_backend_class() is cls
@@ -158,7 +158,7 @@ def test_flashinfer_dcut_backend_plans_ragged_verify_from_the_batch():
     for with_cols, tree_mask in ((False, False), (True, True)):
         spec = WindowSpec(draft_token=torch.zeros(width, dtype=torch.long), positions=torch.zeros(width, dtype=torch.long),
                           draft_token_num=n)
-        spec.ragged_verify_layout = _make_layout(ct.counts, ct.qo_indptr, width)
+        spec.ragged_verify_layout = make_ragged_layout(ct.counts, ct.qo_indptr, width)
         mask = build_full_mask(ct.tree_block, ct.counts, p)[0] if tree_mask else None
         spec.custom_mask = mask
         fb = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, spec_info=spec, batch_size=bs,
