@@ -1,0 +1,178 @@
+"""D-Cut acceptance on the trained testbed models: lossless greedy output in every D-Cut mode.
+
+Uses ``sglang_ext/testbed/models/{target,draft}`` (or the directory named by the environment
+variable ``SGLANG_EXT_TESTBED_MODELS``); skipped while the trained weights are not there. Prompts
+are held-out problems of the synthetic reasoning task (``bench/specexit_eval.py``, RNG stream never
+used in training) through the chat template with thinking on; SpecExit is off (not launched), so
+every mode must decode exactly the same tokens.
+
+One engine per draft shape serves every mode in turn, switched at runtime through
+``/set_internal_state`` ``dcut_force_ratio`` (``sglang_ext.engine.dcut_client``): 1.0 = full
+verification (the ``--dcut off`` behaviour, the reference), each fixed tier 0.25 / 0.5 / 0.75, and
+0 = the configured ``--dcut auto`` with a hand-written cost table whose step cost grows with the
+tier (so ``auto`` really prunes; a profiled CPU table is flat and would mostly verify in full).
+All problems of a run are submitted together (batch size = number of problems at the start),
+greedy, up to 256 new tokens, stopping at EOS.
+
+Checks per (configuration, mode): output ids equal the full-verify output token for token (and
+so do finish reasons); for ratios < 1 pruning really happened (pruned steps counted, fewer
+verified than full-width tokens) and never for 1.0; after the runs every KV slot the requests
+held is back (free + evictable).
+
+* CI tier: EAGLE3 chain 15 steps / 16 draft tokens, 16 problems, modes full, auto, 0.5.
+* Slow tier: 50 problems; chain 7 / 8 tokens, chain 15 / 16 tokens, tree topk 2 (3 steps,
+  8 tokens); modes full, 0.25, 0.5, 0.75, auto.
+
+Budget: CI tier < 2 min (one engine start of ~30-45 s plus three 16-problem runs); slow tier
+< 10 min more on the shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from engine_utils import make_engine
+
+MODELS_ENV = "SGLANG_EXT_TESTBED_MODELS"
+DEFAULT_MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "sglang_ext", "testbed", "models")
+MODELS = os.environ.get(MODELS_ENV) or DEFAULT_MODELS
+PROBLEM_SEED = 2026
+MAX_NEW = 256
+TIERS = (0.25, 0.5, 0.75, 1.0)
+FULL = 1.0
+AUTO = 0.0  # dcut_force_ratio 0: back to the configured mode (--dcut auto)
+GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW}
+
+pytestmark = pytest.mark.skipif(
+    not (os.path.isdir(os.path.join(MODELS, "target")) and os.path.isdir(os.path.join(MODELS, "draft"))),
+    reason=f"trained testbed models not found in {MODELS} (set {MODELS_ENV} to use another directory)")
+
+
+def _problems(n):
+    import sys
+
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    from specexit_eval import held_out_problems
+
+    return held_out_problems(n, PROBLEM_SEED)
+
+
+def _prompts(n):
+    from transformers import AutoTokenizer
+
+    from sglang_ext.testbed import task
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(MODELS, "target"))
+    return [tok.encode(task.prompt_text(p["question"], True), add_special_tokens=False) for p in _problems(n)]
+
+
+def _table_file(path, n, topk, steps):
+    """A cost table whose step cost grows linearly with the tier (``auto`` then prunes)."""
+    from sglang_ext.dcut import CostTable, CostTableKey
+
+    key = CostTableKey("hand-written", "hand-written", "cpu", 1, "float32", n, topk, steps, "torch_sdpa", 64,
+                       "0.5.23", "test")
+    CostTable.build(key, [1, 16, 64], [[10, 20, 30, 40], [12, 24, 36, 48], [20, 40, 60, 80]],
+                    tiers=TIERS).save(path)
+    return path
+
+
+def _launch(tmp, topk, steps, n):
+    table = _table_file(str(tmp / "table.json"), n, topk, steps)
+    return make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa",
+                       speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
+                       speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=n,
+                       max_total_tokens=32768, max_running_requests=64, dcut="auto", dcut_cost_table=table,
+                       dcut_cache_dir=str(tmp / "cache"))
+
+
+def _state(eng):
+    from sglang_ext.engine.dcut_client import dcut_states
+
+    states = dcut_states(eng)
+    assert len(states) == 1
+    return states[0]
+
+
+def _held(pool):
+    return pool["kv_total"] - pool["kv_available"] - pool["kv_evictable"]
+
+
+def check_lossless(eng, prompts, ratios):
+    """Run every mode; assert each equals full verification token for token. Returns per-mode metrics."""
+    from sglang_ext.engine.dcut_client import dcut_info, set_force_ratio
+
+    assert dcut_info(eng)["cost_table_info"]["source"] == "file"
+    held0 = _held(_state(eng)["kv_pool"])
+    ref = None
+    seen = {}
+    try:
+        for ratio in (FULL,) + tuple(r for r in ratios if r != FULL):
+            assert set_force_ratio(eng, ratio)
+            before = _state(eng)["metrics"]
+            outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+            after = _state(eng)["metrics"]
+            got = [(o["output_ids"], o["meta_info"]["finish_reason"]["type"]) for o in outs]
+            d = {k: after[k] - before[k] for k in ("steps", "pruned_steps", "verified_tokens", "full_tokens",
+                                                    "accepted_tokens")}
+            seen[ratio] = d
+            name = "auto" if ratio == AUTO else f"ratio {ratio:g}"
+            assert d["steps"] > 0 and 0 < d["accepted_tokens"] <= d["verified_tokens"]
+            if ratio == FULL:
+                ref = got
+                assert d["pruned_steps"] == 0 and d["verified_tokens"] == d["full_tokens"]
+                assert all(reason == "stop" for _, reason in got), "full-verify outputs must end at EOS"
+                continue
+            assert d["pruned_steps"] > 0 and d["verified_tokens"] < d["full_tokens"], f"{name} never pruned"
+            bad = [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
+            assert not bad, (f"{name}: {len(bad)} of {len(prompts)} outputs differ from full verification "
+                             f"(first: problem {bad[0]}, {_first_diff(got[bad[0]][0], ref[bad[0]][0])})")
+    finally:
+        set_force_ratio(eng, AUTO)
+    pool = _state(eng)["kv_pool"]
+    assert pool["running_requests"] == 0 and _held(pool) == held0, "KV slots not returned after the runs"
+    return seen
+
+
+def _first_diff(a, b):
+    k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"token {k}: {a[k:k + 3]} vs full {b[k:k + 3]} (lengths {len(a)} / {len(b)})"
+
+
+# ----------------------------------------------------------------------------- CI tier
+def test_lossless_chain16_ci(tmp_path):
+    """16 held-out problems, chain 15 steps / 16 draft tokens: auto and tier 0.5 == full verify."""
+    prompts = _prompts(16)
+    eng = _launch(tmp_path, topk=1, steps=15, n=16)
+    try:
+        seen = check_lossless(eng, prompts, (AUTO, 0.5))
+    finally:
+        eng.shutdown()
+    # a fixed ratio keeps at most ceil(bs * N * ratio) rows per step
+    half = seen[0.5]
+    assert half["verified_tokens"] <= half["full_tokens"] * 0.5 + half["steps"]
+
+
+# ----------------------------------------------------------------------------- slow tier
+SLOW_CONFIGS = {
+    "chain8": dict(topk=1, steps=7, n=8),
+    "chain16": dict(topk=1, steps=15, n=16),
+    "tree2x8": dict(topk=2, steps=3, n=8),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SLOW_CONFIGS))
+def test_lossless_50_problems_every_mode(name, tmp_path):
+    """50 held-out problems: auto and every fixed tier == full verify, per draft shape."""
+    cfg = SLOW_CONFIGS[name]
+    prompts = _prompts(50)
+    eng = _launch(tmp_path, **cfg)
+    try:
+        check_lossless(eng, prompts, (0.25, 0.5, 0.75, AUTO))
+    finally:
+        eng.shutdown()
