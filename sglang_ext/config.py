@@ -35,6 +35,7 @@ __all__ = [
     "FlagSpec",
     "iter_flags",
     "configs_from_mapping",
+    "preset_values",
     "check_against_server",
     "resolve_token_ids",
     "EAGLE_FAMILY",
@@ -153,6 +154,13 @@ def _parse_str(text: Any) -> str:
     return str(text)
 
 
+def _parse_method(text: Any) -> str:
+    # a list of signal names (Engine keyword, YAML list) is the '_'-joined combination
+    if isinstance(text, (list, tuple)):
+        return "_".join(str(t) for t in text)
+    return str(text)
+
+
 def _parse_optional_str(text: Any) -> Optional[str]:
     if text is None or str(text) == "":
         return None
@@ -171,6 +179,9 @@ class FlagSpec:
     choices: Optional[Tuple[str, ...]] = None
     store_true: bool = False
     show_default: Optional[str] = None
+    list_join: Optional[str] = None
+    """How a YAML list in a ``--config`` preset becomes the flag's one command-line value:
+    ``","`` or ``"_"`` joins the items, ``"json"`` writes a JSON list; None: no list accepted."""
 
     @property
     def dest(self) -> str:
@@ -212,7 +223,7 @@ class SpecExitConfig:
                        "draft's smoothed signals say the answer is ready.", _parse_bool, store_true=True)
     method: str = _f(D.DEFAULT_METHOD, "--specexit-method",
                      "Signals used by the exit test: any '_'-joined combination of confidence, progress, "
-                     "remain (order-insensitive).", _parse_str, metavar="METHOD")
+                     "remain (order-insensitive).", _parse_method, metavar="METHOD", list_join="_")
     smoothing: str = _f(D.DEFAULT_SMOOTHING, "--specexit-smoothing", "Smoother applied to each signal.",
                         _parse_str, choices=SMOOTHING_CHOICES)
     ewma_alpha: float = _f(D.DEFAULT_EWMA_ALPHA, "--specexit-ewma-alpha",
@@ -240,7 +251,8 @@ class SpecExitConfig:
                                             "JSON list of paragraph-boundary strings; those that encode to one "
                                             "token form the boundary set.", _parse_string_list,
                                             default_factory=lambda: DEFAULT_STEP_SPLIT_STRINGS,
-                                            metavar="JSON", show_default=json.dumps(list(DEFAULT_STEP_SPLIT_STRINGS)))
+                                            metavar="JSON", show_default=json.dumps(list(DEFAULT_STEP_SPLIT_STRINGS)),
+                                            list_join="json")
     signal_source: str = _f(D.DEFAULT_SIGNAL_SOURCE, "--specexit-signal-source",
                             "Where the signals come from: the SpecExit rows of the draft's fc ('head') or the "
                             "draft's own token probabilities ('draft-confidence', confidence only, works with any "
@@ -298,7 +310,7 @@ class DCutConfig:
     tiers: Tuple[float, ...] = _f(None, "--dcut-tiers", "Verify-size tiers as fractions of the full verify width, "
                                   "strictly increasing in (0, 1] and ending at 1.0.", _parse_float_list,
                                   default_factory=lambda: DEFAULT_DCUT_TIERS, metavar="R1,R2,...",
-                                  show_default="0.25,0.5,0.75,1.0")
+                                  show_default="0.25,0.5,0.75,1.0", list_join=",")
     cost_table: Optional[str] = _f(None, "--dcut-cost-table", "Load this cost-table JSON instead of profiling at "
                                    "launch.", _parse_optional_str, metavar="PATH")
     cache_dir: Optional[str] = _f(None, "--dcut-cache-dir", "Directory of the profiled cost-table cache (default: "
@@ -314,7 +326,8 @@ class DCutConfig:
     profile_batch_sizes: Optional[Tuple[int, ...]] = _f(None, "--dcut-profile-batch-sizes", "Batch sizes to "
                                                         "profile (default: decode graph-capture sizes up to "
                                                         "--max-running-requests; on CPU 1,4,8,16,32,64, capped).",
-                                                        _parse_int_list, metavar="B1,B2,...", show_default="auto")
+                                                        _parse_int_list, metavar="B1,B2,...", show_default="auto",
+                                                        list_join=",")
 
     def __post_init__(self):
         m = self.mode
@@ -411,6 +424,57 @@ def configs_from_mapping(values: Mapping[str, Any], *, present_only: bool = True
             raise ConfigError(f"{spec.flag}: invalid choice {val!r} (choose from {', '.join(spec.choices)})")
         kwargs[key][name] = val
     return ExtensionConfig(specexit=SpecExitConfig(**kwargs["specexit"]), dcut=DCutConfig(**kwargs["dcut"]))
+
+
+def _join_list(how: str, items: Sequence[Any]) -> str:
+    if how == "json":
+        return json.dumps(list(items))
+    return how.join(str(x) for x in items)
+
+
+def _preset_value(spec: FlagSpec, value: Any) -> Any:
+    if spec.store_true:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (str, int)):
+            try:
+                return _parse_bool(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{spec.flag}: expected true or false, got {value!r}")
+    if isinstance(value, (list, tuple)):
+        if spec.list_join is None:
+            raise ConfigError(f"{spec.flag}: expected a single value, got a list {list(value)!r}")
+        return _join_list(spec.list_join, value)
+    return value
+
+
+def preset_values(config: Mapping[Any, Any]) -> Dict[Any, Any]:
+    """The extension entries of a parsed ``--config`` YAML mapping, in the form SGLang's reader turns
+    into one command-line value each; other keys are returned unchanged.
+
+    SGLang's reader writes a YAML list as several command-line items and any non-boolean value of a
+    switch as a stray argument. Here a list for ``--dcut-tiers``/``--dcut-profile-batch-sizes``
+    becomes the comma string, for ``--specexit-method`` the ``_``-joined combination and for
+    ``--specexit-step-split-tokens`` the JSON list (then parsed and validated like the command-line
+    string); a switch (``specexit``) takes a boolean or a boolean word (``"on"``, ``"yes"``, ``1``);
+    anything else is a :class:`ConfigError` naming the flag.
+
+    Examples
+    --------
+    >>> preset_values({"dcut-tiers": [0.5, 1.0], "specexit": "on", "port": 30000})
+    {'dcut-tiers': '0.5,1.0', 'specexit': True, 'port': 30000}
+    >>> preset_values({"specexit": "yes-please"})
+    Traceback (most recent call last):
+    ...
+    sglang_ext.config.ConfigError: --specexit: expected true or false, got 'yes-please'
+    """
+    specs = {spec.dest: spec for _cls, _key, _name, spec, _default in _all_flag_fields()}
+    out: Dict[Any, Any] = {}
+    for key, value in config.items():
+        spec = specs.get(key.replace("-", "_")) if isinstance(key, str) else None
+        out[key] = value if spec is None else _preset_value(spec, value)
+    return out
 
 
 def check_against_server(cfg: ExtensionConfig, speculative_algorithm: Optional[str]) -> None:

@@ -12,6 +12,7 @@ target                                                                 type    p
 =====================================================================  ======  =======================
 ``sglang.srt.server_args.ServerArgs.add_cli_args``                     AFTER   add --specexit*/--dcut*
 ``sglang.srt.server_args.ServerArgs.from_cli_args``                    AROUND  build + attach configs
+``ConfigArgumentMerger._convert_config_to_args`` (--config reader)     AROUND  YAML lists, switches
 ``sglang.srt.entrypoints.engine.Engine.__init__``                      AROUND  Engine(**kwargs) support
 ``sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker`` AROUND  worker subclass swap
 ``sglang.srt.speculative.eagle_utils.default_tree_mask_mode``           AROUND  FULL mask for triton on CPU
@@ -40,6 +41,7 @@ from sglang_ext.config import (
     check_against_server,
     configs_from_mapping,
     iter_flags,
+    preset_values,
 )
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ DCUT_ATTR = "_dcut"
 
 HOOK_ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 HOOK_FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+HOOK_CONFIG_TO_ARGS = "sglang.srt.utils.server_args_config_parser.ConfigArgumentMerger._convert_config_to_args"
 HOOK_ENGINE_INIT = "sglang.srt.entrypoints.engine.Engine.__init__"
 HOOK_CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
 HOOK_TREE_MASK_MODE = "sglang.srt.speculative.eagle_utils.default_tree_mask_mode"
@@ -145,6 +148,20 @@ def _around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
         _fail_cli(e)
     attach_extension_config(server_args, cfg)
     return server_args
+
+
+def _around_config_to_args(original_fn, self, config, *args, **kwargs):
+    """``--config`` presets: before SGLang's reader turns the YAML mapping into argv items, give every
+    extension entry the form of one command-line value (a YAML list of a list-valued flag joined, a
+    switch's boolean word read as a boolean); a value no flag can take stops the launch with one line
+    naming the flag. Other keys, and parsers without the extension flags, pass through unchanged."""
+    parser = getattr(self, "parser", None)
+    if parser is not None and isinstance(config, dict) and any(a.dest == "specexit" for a in parser._actions):
+        try:
+            config = preset_values(config)
+        except ConfigError as e:
+            _fail_cli(e)
+    return original_fn(self, config, *args, **kwargs)
 
 
 def _around_engine_init(original_fn, self, *args, **kwargs):
@@ -258,6 +275,7 @@ def register_hooks() -> None:
 
     HookRegistry.register(HOOK_ADD_CLI_ARGS, _after_add_cli_args, HookType.AFTER)
     HookRegistry.register(HOOK_FROM_CLI_ARGS, _around_from_cli_args, HookType.AROUND)
+    HookRegistry.register(HOOK_CONFIG_TO_ARGS, _around_config_to_args, HookType.AROUND)
     HookRegistry.register(HOOK_ENGINE_INIT, _around_engine_init, HookType.AROUND)
     HookRegistry.register(HOOK_CREATE_WORKER, _around_create_worker, HookType.AROUND)
     HookRegistry.register(HOOK_TREE_MASK_MODE, _around_default_tree_mask_mode, HookType.AROUND)

@@ -71,6 +71,17 @@ BAD_YAML: List[Tuple[str, str]] = [
     ("model-path: unused-model\ndcut: auto\n", "--dcut"),
     (_YAML_HEAD + "dcut: auto\ndcut-profile-steps: 1.5\n", "--dcut-profile-steps"),
     (_YAML_HEAD + "dcut: auto\ndcut-cost-table: no/such/table.json\n", "--dcut-cost-table"),
+    # YAML lists of the list-valued flags are joined, then validated like the command-line string
+    (_YAML_HEAD + "dcut: auto\ndcut-tiers: [0.5, 1.5]\n", "--dcut-tiers"),
+    (_YAML_HEAD + "dcut: auto\ndcut-tiers: []\n", "--dcut-tiers"),
+    (_YAML_HEAD + "dcut: auto\ndcut-profile-batch-sizes: [4, 2]\n", "--dcut-profile-batch-sizes"),
+    (_YAML_HEAD + "specexit: true\nspecexit-method: [confidence, speed]\n", "--specexit-method"),
+    (_YAML_HEAD + "specexit: true\nspecexit-step-split-tokens: [\"\\n\\n\", 3]\n", "--specexit-step-split-tokens"),
+    # a list for a single-valued flag, a non-boolean for the switch
+    (_YAML_HEAD + "dcut: [auto]\n", "--dcut"),
+    (_YAML_HEAD + "specexit: yes-please\n", "--specexit"),
+    (_YAML_HEAD + "specexit:\n", "--specexit"),
+    (_YAML_HEAD + "specexit: 0.5\n", "--specexit"),
 ]
 
 #: (YAML preset body, misspelt key): argparse prints its usage, then one error line naming the key.

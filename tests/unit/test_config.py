@@ -15,6 +15,7 @@ from sglang_ext.config import (
     check_against_server,
     configs_from_mapping,
     iter_flags,
+    preset_values,
     resolve_token_ids,
 )
 
@@ -131,3 +132,43 @@ def test_options_bridge_to_per_request_form():
     o = SpecExitConfig(enabled=True, method="progress_confidence", window=3, smoothing="mean").options()
     assert o.method.name == "confidence_progress" and o.window == 3 and o.smoothing.label == "mean"
     assert o.thresholds == (0.8, 0.3, 200.0)
+
+
+def test_preset_lists_become_the_one_command_line_value():
+    out = preset_values({"dcut-tiers": [0.25, 0.5, 1], "dcut-profile-batch-sizes": [1, 8],
+                         "specexit-method": ["remain", "confidence"], "specexit-step-split-tokens": ["\n\n", ".\n\n"],
+                         "port": 30000, "cuda-graph-bs-decode": [1, 2], "dcut": "auto"})
+    assert out == {"dcut-tiers": "0.25,0.5,1", "dcut-profile-batch-sizes": "1,8",
+                   "specexit-method": "remain_confidence", "specexit-step-split-tokens": '["\\n\\n", ".\\n\\n"]',
+                   "port": 30000, "cuda-graph-bs-decode": [1, 2], "dcut": "auto"}
+    # the joined strings parse to what the lists mean
+    cfg = configs_from_mapping({k.replace("-", "_"): v for k, v in out.items() if k.startswith(("dcut", "specexit"))})
+    assert cfg.dcut.tiers == (0.25, 0.5, 1.0) and cfg.dcut.profile_batch_sizes == (1, 8)
+    assert cfg.specexit.method == "confidence_remain" and cfg.specexit.step_split_tokens == ("\n\n", ".\n\n")
+    assert preset_values({"dcut-tiers": []}) == {"dcut-tiers": ""}  # then refused like --dcut-tiers ''
+
+
+@pytest.mark.parametrize("value,expected", [(True, True), (False, False), ("on", True), ("Yes", True), (1, True),
+                                            ("off", False), ("false", False), (0, False)])
+def test_preset_switch_reads_boolean_words(value, expected):
+    assert preset_values({"specexit": value}) == {"specexit": expected}
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"specexit": "yes-please"}, "--specexit: expected true or false, got 'yes-please'"),
+    ({"specexit": None}, "--specexit: expected true or false, got None"),
+    ({"specexit": 0.5}, "--specexit: expected true or false, got 0.5"),
+    ({"specexit": [True]}, "--specexit: expected true or false, got [True]"),
+    ({"dcut": ["auto"]}, "--dcut: expected a single value, got a list ['auto']"),
+    ({"specexit_window": [4, 8]}, "--specexit-window: expected a single value, got a list [4, 8]"),
+])
+def test_preset_values_errors_name_the_flag(values, message):
+    with pytest.raises(ConfigError) as e:
+        preset_values(values)
+    assert str(e.value) == message
+
+
+def test_method_list_is_the_combination():
+    assert configs_from_mapping({"specexit_method": ("progress", "confidence")}).specexit.method == "confidence_progress"
+    with pytest.raises(ConfigError, match=r"^--specexit-method: "):
+        configs_from_mapping({"specexit_method": ["confidence", "speed"]})
