@@ -1,7 +1,7 @@
 """Does D-Cut raise EAGLE3 decode throughput, and does ``--dcut auto`` pick a good tier?
 
 In one process, for batch sizes 1, 4, 16, 32, 64 (all requests submitted together, greedy,
-``--max-new-tokens`` each), measures output tokens/s of:
+``--max-new-tokens`` each, EOS ignored so the batch stays full), measures output tokens/s of:
 
 * ``no-spec``: the target alone (one engine without speculation);
 * ``full``: EAGLE3 with full verification (D-Cut ratio 1.0, the ``--dcut off`` behaviour);
@@ -9,18 +9,26 @@ In one process, for batch sizes 1, 4, 16, 32, 64 (all requests submitted togethe
 * ``auto``: the tier chosen per step from the launch-time cost table.
 
 The five EAGLE3 modes run on one ``--dcut auto`` engine, switched at runtime with
-``/set_internal_state`` ``dcut_force_ratio`` (so they share weights, profile and warm-up); every
-mode's output is checked token for token against the full-verify output (lossless). It prints a
-table of tok/s with the ratios ``auto / full`` and ``auto / best fixed tier``, D-Cut's keep ratio
-and tier histogram for ``auto``, and saves a PNG plot (and optionally JSON).
+``/set_internal_state`` ``dcut_force_ratio`` (so they share weights, profile and warm-up), and
+interleaved: for each batch size, every repeat runs every mode once (order reversed on odd
+repeats), the best of ``--repeats`` is kept. Every mode's output is checked token for token
+against the full-verify output (lossless). SpecExit is not launched (all modes decode the same
+tokens). It prints a table of tok/s with the ratios ``auto / full`` and ``auto / best fixed
+tier``, D-Cut's keep ratio and tier histogram for ``auto`` per batch size, the acceptance along
+the draft chain (full verification) and the per-step time split (draft steps / planner / target
+verify forward / rest of verify / draft extend / other; ``SGLANG_EXT_DCUT_TIMING``), and saves a
+PNG plot (and optionally JSON).
 
-Models: ``--target`` / ``--draft`` (e.g. the trained thinking models); by default the tiny
-testbed models are built under ``--models-dir`` (random target + EAGLE3 draft fitted to it).
-Prompts come from the distribution the tiny draft was fitted on. On the CPU testbed use
-``OMP_NUM_THREADS=1`` on a shared machine. Run::
+Models: by default the trained testbed models (``sglang_ext/testbed/models/{target,draft}``,
+thinking target + EAGLE3 draft) with held-out problems of the synthetic task through the chat
+template (thinking on); ``--models tiny`` uses the CPU testbed's tiny random models built under
+``--models-dir`` with prompts from the distribution their draft was fitted on; ``--target`` /
+``--draft`` name any other pair (prompts: held-out problems when the target has the testbed's
+chat template, else the tiny-model prompts). On a shared CPU machine use ``OMP_NUM_THREADS=1``.
+Run::
 
     OMP_NUM_THREADS=1 python bench/dcut_throughput.py --num-steps 15 --num-draft-tokens 16 \\
-        --batch-sizes 1,4,16,32,64 --max-new-tokens 64 --out bench/dcut_throughput.png
+        --batch-sizes 1,4,16,32,64 --out bench/out/dcut_throughput.png --json bench/out/dcut.json
 
 ``--what-if FILE``: instead of running engines, replay a saved ``--json`` result and print
 what ``auto`` would gain with a different cost model (each tier's cost scaled by
@@ -37,26 +45,44 @@ import tempfile
 import time
 from typing import Dict, List
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAINED = os.path.join(REPO, "sglang_ext", "testbed", "models")
 MODES = ("full", "r0.25", "r0.5", "r0.75", "auto")
 MODE_RATIO = {"full": 1.0, "r0.25": 0.25, "r0.5": 0.5, "r0.75": 0.75, "auto": 0.0}
+TIMING_ENV = "SGLANG_EXT_DCUT_TIMING"  # sglang_ext.engine.dcut_glue.TIMING_ENV (not imported: no SGLang yet)
+PROBLEM_SEED = 777
+
+
+def _trained_present() -> bool:
+    return all(os.path.isfile(os.path.join(TRAINED, d, "config.json")) for d in ("target", "draft"))
 
 
 def _parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=None, help="target model dir (default: tiny testbed target)")
-    p.add_argument("--draft", default=None, help="EAGLE3 draft dir (default: tiny testbed draft)")
+    p.add_argument("--models", choices=("trained", "tiny"), default=None,
+                   help="trained testbed models (default when present) or the tiny random ones")
+    p.add_argument("--target", default=None, help="target model dir (overrides --models)")
+    p.add_argument("--draft", default=None, help="EAGLE3 draft dir (overrides --models)")
     p.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "sglang_ext_tiny_models"),
-                   help="where the tiny models are built when --target/--draft are not given")
+                   help="where the tiny models are built (--models tiny)")
     p.add_argument("--num-steps", type=int, default=15)
     p.add_argument("--topk", type=int, default=1)
     p.add_argument("--num-draft-tokens", type=int, default=16)
     p.add_argument("--batch-sizes", default="1,4,16,32,64")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--prompt-len", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=1, help="timed repetitions per (mode, bs); the best is kept")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="new tokens per request (default: 128 trained, 64 tiny)")
+    p.add_argument("--prompt-len", type=int, default=4, help="prompt length of the tiny-model prompts")
+    p.add_argument("--problem-seed", type=int, default=PROBLEM_SEED, help="held-out problems' seed (trained)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed repetitions per (mode, bs), interleaved across modes; the best is kept")
+    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool (default: fits the largest batch)")
     p.add_argument("--attention-backend", default="torch_sdpa")
     p.add_argument("--cache-dir", default=None, help="--dcut-cache-dir (default: sglang_ext's)")
-    p.add_argument("--out", default=os.path.join("bench", "dcut_throughput.png"))
+    p.add_argument("--cost-table", default=None, help="--dcut-cost-table FILE (skips profiling)")
+    p.add_argument("--profile-steps", type=int, default=None, help="--dcut-profile-steps (default: the server's)")
+    p.add_argument("--no-timing", action="store_true", help="do not collect the per-step time split")
+    p.add_argument("--out", default=os.path.join("bench", "out", "dcut_throughput.png"))
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--skip-no-spec", action="store_true")
     p.add_argument("--what-if", default=None, metavar="FILE", help="replay a --json result (no engines)")
@@ -64,12 +90,41 @@ def _parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _prompts(target: str, n: int, prompt_len: int) -> List[List[int]]:
+def _resolve_models(args):
+    """(target, draft, prompt kind) from --target/--draft or --models."""
+    if args.target and args.draft:
+        chat = os.path.isfile(os.path.join(args.target, "chat_template.jinja"))
+        return args.target, args.draft, "problems" if chat else "corpus"
+    kind = args.models or ("trained" if _trained_present() else "tiny")
+    if kind == "trained":
+        if not _trained_present():
+            raise SystemExit(f"trained testbed models not found in {TRAINED}")
+        return os.path.join(TRAINED, "target"), os.path.join(TRAINED, "draft"), "problems"
+    from sglang_ext.testbed.tiny import build_tiny_models
+
+    if not os.path.exists(os.path.join(args.models_dir, "draft", "config.json")):
+        print(f"building the tiny testbed models in {args.models_dir} ...", flush=True)
+    models = build_tiny_models(args.models_dir, seed=0, fit_steps=400)
+    return models.target, models.draft, "corpus"
+
+
+def _prompts(target: str, kind: str, n: int, args) -> List[List[int]]:
+    if kind == "problems":  # held-out problems through the chat template, thinking on
+        if os.path.join(REPO, "bench") not in sys.path:
+            sys.path.insert(0, os.path.join(REPO, "bench"))
+        from specexit_eval import held_out_problems
+        from transformers import AutoTokenizer
+
+        from sglang_ext.testbed import task
+
+        tok = AutoTokenizer.from_pretrained(target)
+        return [tok.encode(task.prompt_text(p["question"], True), add_special_tokens=False)
+                for p in held_out_problems(n, args.problem_seed)]
     from sglang_ext.testbed.tiny import corpus_prompts
 
     with open(os.path.join(target, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
-    return corpus_prompts(vocab, n, prompt_len, seed=0).tolist()
+    return corpus_prompts(vocab, n, args.prompt_len, seed=0).tolist()
 
 
 def _activate_cpu_testbed() -> None:
@@ -87,19 +142,21 @@ def _engine(target: str, args, **kw):
     import sglang
 
     import sglang_ext
+    from sglang_ext.engine.cpu.standins import CPU_ENGINE_KWARGS
 
     sglang_ext.load()
     max_bs = max(args.bs_list)
-    per_req = args.prompt_len + args.max_new_tokens + 4 * args.num_draft_tokens + 8
-    base = dict(device="cpu", sampling_backend="pytorch", disable_cuda_graph=True, dtype="float32",
-                mem_fraction_static=0.5, max_total_tokens=max(4096, 2 * max_bs * per_req), chunked_prefill_size=-1,
-                skip_server_warmup=True, random_seed=0, log_level="warning", max_running_requests=max_bs,
+    per_req = args.max_prompt_len + args.max_new_tokens + 4 * args.num_draft_tokens + 8
+    base = dict(CPU_ENGINE_KWARGS)
+    base.update(max_total_tokens=args.max_total_tokens or max(4096, 2 * max_bs * per_req),
+                max_running_requests=max(args.max_running_requests, max_bs),
                 attention_backend=args.attention_backend)
     try:
         import torch
 
         if torch.cuda.is_available():
-            base.update(device="cuda", disable_cuda_graph=False, sampling_backend=None, dtype="auto")
+            base.update(device="cuda", disable_cuda_graph=False, sampling_backend=None, dtype="auto",
+                        max_total_tokens=args.max_total_tokens, attention_backend=None, mem_fraction_static=None)
             base = {k: v for k, v in base.items() if v is not None}
     except ImportError:
         pass
@@ -116,16 +173,32 @@ def _run(engine, prompts, max_new_tokens) -> tuple:
     return tokens / dt, [o["output_ids"] for o in outs]
 
 
-def _measure(engine, prompts_all, bs_list, args, set_mode=None) -> Dict[int, dict]:
-    out = {}
+def _measure(engine, prompts_all, bs_list, args, modes=(None,), set_mode=None, stats=None) -> Dict:
+    """{mode: {bs: {"tok_s", "ids"}}}; modes interleaved per repeat; ``stats(mode, bs)`` -> callback."""
+    out: Dict = {m: {} for m in modes}
     for bs in bs_list:
         prompts = prompts_all[:bs]
-        _run(engine, prompts, min(8, args.max_new_tokens))  # warm-up at this batch size
-        best, ids = 0.0, None
-        for _ in range(args.repeats):
-            tps, ids = _run(engine, prompts, args.max_new_tokens)
-            best = max(best, tps)
-        out[bs] = {"tok_s": best, "ids": ids}
+        for m in modes:
+            if set_mode:
+                set_mode(m)
+            _run(engine, prompts, min(8, args.max_new_tokens))  # warm-up at this batch size
+            out[m][bs] = {"tok_s": 0.0, "ids": None}
+        for rep in range(args.repeats):
+            order = list(modes) if rep % 2 == 0 else list(reversed(modes))
+            for m in order:
+                if set_mode:
+                    set_mode(m)
+                before = stats() if stats else None
+                tps, ids = _run(engine, prompts, args.max_new_tokens)
+                if stats:
+                    out[m][bs].setdefault("metrics", []).append(_delta(before, stats()))
+                r = out[m][bs]
+                if r["ids"] is not None and r["ids"] != ids:
+                    r["repeat_differs"] = True
+                r["ids"] = ids
+                r["tok_s"] = max(r["tok_s"], tps)
+        print(f"  bs={bs}: " + ", ".join(f"{m or 'no-spec'} {out[m][bs]['tok_s']:.1f}" for m in modes)
+              + " tok/s", flush=True)
     return out
 
 
@@ -134,47 +207,57 @@ def run_bench(args) -> dict:
     from sglang_ext.engine.dcut_client import dcut_info, dcut_states, set_force_ratio
 
     args.bs_list = [int(b) for b in args.batch_sizes.split(",")]
-    target, draft = args.target, args.draft
-    if target is None or draft is None:
-        from sglang_ext.testbed.tiny import build_tiny_models
-
-        if not os.path.exists(os.path.join(args.models_dir, "draft", "config.json")):
-            print(f"building the tiny testbed models in {args.models_dir} ...", flush=True)
-        models = build_tiny_models(args.models_dir, seed=0, fit_steps=400)
-        target, draft = models.target, models.draft
-    prompts = _prompts(target, max(args.bs_list), args.prompt_len)
+    target, draft, kind = _resolve_models(args)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 128 if kind == "problems" else 64
+    prompts = _prompts(target, kind, max(args.bs_list), args)
+    args.max_prompt_len = max(len(p) for p in prompts)
+    print(f"[dcut_throughput] target={target} draft={draft} prompts={kind} (max {args.max_prompt_len} tokens), "
+          f"steps {args.num_steps}, topk {args.topk}, {args.num_draft_tokens} draft tokens, "
+          f"{args.max_new_tokens} new tokens, batch sizes {args.bs_list}, repeats {args.repeats}", flush=True)
     results: Dict[str, Dict[int, dict]] = {}
 
     if not args.skip_no_spec:
         eng = _engine(target, args)
         try:
-            results["no-spec"] = _measure(eng, prompts, args.bs_list, args)
+            results["no-spec"] = _measure(eng, prompts, args.bs_list, args)[None]
         finally:
             eng.shutdown()
 
     extra = {} if args.cache_dir is None else {"dcut_cache_dir": args.cache_dir}
+    if args.cost_table:
+        extra["dcut_cost_table"] = args.cost_table
+    if args.profile_steps:
+        extra["dcut_profile_steps"] = args.profile_steps
+    if not args.no_timing:
+        os.environ[TIMING_ENV] = "1"  # inherited by the scheduler process
     t0 = time.perf_counter()
-    eng = _engine(target, args, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                  speculative_num_steps=args.num_steps, speculative_eagle_topk=args.topk,
-                  speculative_num_draft_tokens=args.num_draft_tokens, dcut="auto", **extra)
+    try:
+        eng = _engine(target, args, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+                      speculative_num_steps=args.num_steps, speculative_eagle_topk=args.topk,
+                      speculative_num_draft_tokens=args.num_draft_tokens, dcut="auto", **extra)
+    finally:
+        os.environ.pop(TIMING_ENV, None)
     startup = time.perf_counter() - t0
-    dcut_stats = {}
+    print(f"  EAGLE3 --dcut auto engine up in {startup:.1f} s", flush=True)
+
+    def set_mode(m):
+        assert set_force_ratio(eng, MODE_RATIO[m]), f"server refused dcut_force_ratio for {m}"
+
     try:
         info = dcut_info(eng)
-        for mode in MODES:
-            assert set_force_ratio(eng, MODE_RATIO[mode]), f"server refused dcut_force_ratio for {mode}"
-            before = dcut_states(eng)[0]["metrics"]
-            results[mode] = _measure(eng, prompts, args.bs_list, args)
-            after = dcut_states(eng)[0]["metrics"]
-            dcut_stats[mode] = _delta(before, after)
+        spec = _measure(eng, prompts, args.bs_list, args, modes=MODES, set_mode=set_mode,
+                        stats=lambda: dcut_states(eng)[0]["metrics"])
+        results.update(spec)
     finally:
         eng.shutdown()
 
-    lossless = {m: all(results[m][bs]["ids"] == results["full"][bs]["ids"] for bs in args.bs_list)
-                for m in MODES}
+    lossless = {m: all(results[m][bs]["ids"] == results["full"][bs]["ids"] and not results[m][bs].get("repeat_differs")
+                       for bs in args.bs_list) for m in MODES}
+    dcut_stats = {m: {bs: _merge(results[m][bs].get("metrics", [])) for bs in args.bs_list} for m in MODES}
     return {
         "settings": {k: v for k, v in vars(args).items() if k not in ("what_if",)},
-        "target": target, "draft": draft, "startup_s": startup,
+        "target": target, "draft": draft, "prompts": kind, "startup_s": startup,
         "cost_table": info.get("cost_table"), "cost_table_info": info.get("cost_table_info"),
         "tok_s": {m: {bs: r["tok_s"] for bs, r in res.items()} for m, res in results.items()},
         "dcut": dcut_stats, "lossless_vs_full": lossless,
@@ -182,12 +265,55 @@ def run_bench(args) -> dict:
 
 
 def _delta(before: dict, after: dict) -> dict:
+    """D-Cut metrics of one run: ``after - before`` of two ``dcut_states(...)["metrics"]`` snapshots."""
     d = {k: after[k] - before[k] for k in ("steps", "pruned_steps", "verified_tokens", "full_tokens",
                                           "accepted_tokens")}
-    d["keep_ratio"] = d["verified_tokens"] / d["full_tokens"] if d["full_tokens"] else None
     hist = {k: v - before["tier_histogram"].get(k, 0) for k, v in after["tier_histogram"].items()}
     d["tier_histogram"] = {k: v for k, v in hist.items() if v}
+    tb, ta = before.get("step_timing"), after.get("step_timing")
+    if ta:
+        steps = ta["steps"] - (tb["steps"] if tb else 0)
+        d["timed_steps"] = steps
+        d["ms_total"] = ta["step_ms"] * ta["steps"] - (tb["step_ms"] * tb["steps"] if tb else 0.0)
+        d["part_ms_total"] = {k: v * ta["steps"] - (tb["ms_per_step"][k] * tb["steps"] if tb else 0.0)
+                              for k, v in ta["ms_per_step"].items()}
+        hb = tb["accept_length_histogram"] if tb else []
+        d["accept_hist"] = [v - (hb[i] if i < len(hb) else 0) for i, v in enumerate(ta["accept_length_histogram"])]
     return d
+
+
+def _merge(runs: List[dict]) -> dict:
+    """Sum the per-run deltas of one (mode, batch size); derived ratios on the sums."""
+    if not runs:
+        return {}
+    out: dict = {}
+    for r in runs:
+        for k, v in r.items():
+            if isinstance(v, dict):
+                acc = out.setdefault(k, {})
+                for kk, vv in v.items():
+                    acc[kk] = acc.get(kk, 0) + vv
+            elif isinstance(v, list):
+                acc = out.setdefault(k, [])
+                acc.extend([0] * (len(v) - len(acc)))
+                for i, vv in enumerate(v):
+                    acc[i] += vv
+            else:
+                out[k] = out.get(k, 0) + v
+    out["keep_ratio"] = out["verified_tokens"] / out["full_tokens"] if out.get("full_tokens") else None
+    if out.get("timed_steps"):
+        out["step_ms"] = out["ms_total"] / out["timed_steps"]
+        out["ms_per_step"] = {k: v / out["timed_steps"] for k, v in out["part_ms_total"].items()}
+    hist = out.get("accept_hist")
+    if hist and sum(hist):
+        n = sum(hist)
+        out["mean_accept_length"] = sum(i * c for i, c in enumerate(hist)) / n
+        # P(accept length >= k), k = 1..N: the survival of the k-th chain position (bonus at k = 1)
+        out["accept_survival"] = [sum(hist[k:]) / n for k in range(1, len(hist))]
+    return out
+
+
+PARTS = ("draft", "plan", "target_forward", "verify_rest", "draft_extend", "other")
 
 
 def report(res: dict, out_png: str = None) -> None:
@@ -201,17 +327,21 @@ def report(res: dict, out_png: str = None) -> None:
     print("\nratios")
     fixed = [m for m in ("r0.25", "r0.5", "r0.75") if m in tok]
     rows = [("auto/full", lambda b: tok["auto"][_k(tok["auto"], b)] / tok["full"][_k(tok["full"], b)]),
-            ("auto/best", lambda b: tok["auto"][_k(tok["auto"], b)] / max(tok[m][_k(tok[m], b)] for m in fixed))]
+            ("auto/best", lambda b: tok["auto"][_k(tok["auto"], b)] / max(tok[m][_k(tok[m], b)] for m in fixed)),
+            ("best/full", lambda b: max(tok[m][_k(tok[m], b)] for m in fixed) / tok["full"][_k(tok["full"], b)])]
     if "no-spec" in tok:
         rows.append(("auto/nospec", lambda b: tok["auto"][_k(tok["auto"], b)] / tok["no-spec"][_k(tok["no-spec"], b)]))
         rows.append(("full/nospec", lambda b: tok["full"][_k(tok["full"], b)] / tok["no-spec"][_k(tok["no-spec"], b)]))
     for name, fn in rows:
         print(f"{name:<12}" + "".join(f"{fn(b):>10.2f}" for b in bs_list))
-    if res.get("dcut"):
-        a = res["dcut"].get("auto", {})
+    st = res.get("dcut") or {}
+    if st and all(isinstance(v, dict) and (not v or _k(v, bs_list[0]) in v) for v in st.values()):
+        _report_steps(st, bs_list)
+    elif st.get("auto"):  # results of the earlier format (one entry per mode)
+        a = st["auto"]
         print(f"\nauto: keep ratio {a.get('keep_ratio')}, tiers {a.get('tier_histogram')}")
     if res.get("lossless_vs_full"):
-        print(f"lossless vs full verify (token for token): {res['lossless_vs_full']}")
+        print(f"\nlossless vs full verify (token for token): {res['lossless_vs_full']}")
     if res.get("cost_table_info"):
         print(f"cost table: {res['cost_table_info']}")
     if out_png:
@@ -219,18 +349,55 @@ def report(res: dict, out_png: str = None) -> None:
         print(f"plot: {out_png}")
 
 
+def _report_steps(st: dict, bs_list: List[int]) -> None:
+    def g(m, b):
+        return st.get(m, {}).get(_k(st.get(m, {}), b)) or {}
+
+    print("\nauto per batch size: keep ratio, tier histogram (steps)")
+    for b in bs_list:
+        a = g("auto", b)
+        kr = a.get("keep_ratio")
+        print(f"  bs={b:>3}: keep {kr if kr is None else round(kr, 3)}  tiers {a.get('tier_histogram')}")
+    full = [g("full", b) for b in bs_list]
+    if any(f.get("accept_survival") for f in full):
+        print("\nacceptance along the chain (full verify): mean accept length (bonus incl.) and P(len >= k)")
+        for b, f in zip(bs_list, full):
+            sv = f.get("accept_survival")
+            if sv:
+                picks = [k for k in (2, 4, 8, 12, 16) if k <= len(sv)]
+                print(f"  bs={b:>3}: mean {f['mean_accept_length']:.2f}  "
+                      + "  ".join(f"P(>={k}) {sv[k - 1]:.2f}" for k in picks))
+    if any(g(m, b).get("ms_per_step") for m in MODES for b in bs_list):
+        print("\nper-step time split, ms per decode step (SGLANG_EXT_DCUT_TIMING); tok/step = accepted per step")
+        print(f"  {'bs':>3} {'mode':<6}" + "".join(f"{p:>15}" for p in PARTS) + f"{'step':>9}{'tok/step':>10}")
+        for b in bs_list:
+            for m in MODES:
+                r = g(m, b)
+                if not r.get("ms_per_step"):
+                    continue
+                tps = r["accepted_tokens"] / r["steps"] if r.get("steps") else float("nan")
+                print(f"  {b:>3} {m:<6}" + "".join(f"{r['ms_per_step'][p]:>15.2f}" for p in PARTS)
+                      + f"{r['step_ms']:>9.1f}{tps:>10.1f}")
+
+
 def _k(d: dict, b: int):
     return b if b in d else str(b)
 
 
 def _plot(res, bs_list, modes, path):
+    """Left: tok/s vs batch size per mode. Right (when timed): ms per step by part at the largest bs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tok = res["tok_s"]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    st = res.get("dcut") or {}
+    big = bs_list[-1]
+    split = {m: (st.get(m, {}).get(_k(st.get(m, {}), big)) or {}) for m in MODES} if st else {}
+    split = {m: r for m, r in split.items() if isinstance(r, dict) and r.get("ms_per_step")}
+    fig, axes = plt.subplots(1, 2 if split else 1, figsize=(12 if split else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
     for m in modes:
         ax.plot(bs_list, [tok[m][_k(tok[m], b)] for b in bs_list], marker="o", label=m,
                 linewidth=2.5 if m == "auto" else 1.2)
@@ -243,6 +410,22 @@ def _plot(res, bs_list, modes, path):
                  f"{s.get('num_draft_tokens')} draft tokens")
     ax.grid(True, alpha=0.3)
     ax.legend()
+    if split:
+        ax = axes[0][1]
+        names = list(split)
+        bottom = [0.0] * len(names)
+        for part in PARTS:
+            vals = [split[m]["ms_per_step"].get(part, 0.0) for m in names]
+            ax.bar(names, vals, bottom=bottom, label=part)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        for i, m in enumerate(names):
+            r = split[m]
+            if r.get("steps"):
+                ax.text(i, bottom[i], f"{r['accepted_tokens'] / r['steps'] / big:.1f} tok/req", ha="center",
+                        va="bottom", fontsize=8)
+        ax.set_ylabel("ms per decode step")
+        ax.set_title(f"ms per decode step at bs={big} (tokens per request per step on top)")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
