@@ -2,6 +2,7 @@
 
     python bench/specexit_eval.py                          # 200 problems, committed testbed models
     python bench/specexit_eval.py --n 50 --tuned configs/specexit_testbed_tuned.yaml --out eval.json
+    python bench/specexit_eval.py --n 200 --sweep 50       # + all 7 methods x 4 smoothers on 50 problems
 
 One in-process ``sglang.Engine`` (EAGLE3 chain, 3 steps / 4 verify tokens, ``--specexit`` with the
 reference defaults of ALGORITHMS.md A.4-A.6 as server flags) serves three variants of the same
@@ -11,22 +12,33 @@ with all its requests in flight together (``--concurrency``):
 
 * ``baseline``: EAGLE3 with SpecExit off for the request (``custom_params`` ``specexit_enable: false``);
 * ``reference``: the server defaults (EWMA alpha 0.1, confidence > 0.8, progress > 0.3, remain < 200);
-* ``tuned``: the ``specexit-*`` options of a preset YAML (``--tuned``, the same keys as the
-  launcher's ``--config`` files), sent per request as ``custom_params``.
+* ``tuned``: the ``specexit-*`` options of a preset YAML (``--tuned``, default
+  ``configs/specexit_testbed_tuned.yaml``; the same keys as the launcher's ``--config`` files),
+  sent per request as ``custom_params``. A missing preset file is an error.
+
+``--sweep N`` then runs, on the same engine and the first ``N`` problems, every method combination
+(7 subsets of confidence, progress, remain) x every smoother (4), each with the other options at
+the server's reference defaults, next to a SpecExit-off baseline of the same problems, all in
+flight together (per-request ``custom_params``); it prints a table of tokens ratio, accuracy and
+exit rate per combination (latencies of a mixed batch are not comparable, so none are printed).
 
 Problems come from ``sglang_ext.testbed.task`` with the RNG ``Random("specexit-eval-<seed>")``,
 a stream the training pipeline never uses (it draws from ``sglang_ext-traces-*`` and
 ``sglang_ext-heldout-*``). Decoding is greedy; the prompt opens the think block.
 
-Printed (one JSON object): per variant ``accuracy``, ``mean_output_tokens``, ``mean_think_tokens``,
-``exited_rate``, ``mean_latency_s``, ``wall_s``; for SpecExit variants also ``tokens_ratio``
-(mean output tokens / baseline), ``accuracy_drop_points`` (baseline - variant, in points) and
-``latency_ratio`` (baseline mean latency / variant mean latency, > 1 is faster); ``oracle_ratio``:
-the baseline's output tokens had thinking stopped right after the answer paragraph
-(``So the result is ...``), over the baseline's; and ``acceptance`` for the tuned preset
-(tokens ratio <= 0.6 and accuracy drop <= 1 point, issue 7).
+Printed: a table with, per variant, ``accuracy``, mean output and think tokens, exit rate,
+``before_answer`` (the share of requests that exited before the baseline had written its answer
+paragraph), mean latency and wall time; for SpecExit variants also the tokens ratio (mean output
+tokens / baseline), the accuracy drop (baseline - variant, in points) and the latency ratio
+(baseline mean latency / variant mean latency, > 1 is faster); the oracle ratio (the baseline's
+output tokens had thinking stopped right after the answer paragraph ``So the result is ...``, over
+the baseline's) and the tuned preset's acceptance verdict (tokens ratio <= 0.6 and accuracy drop
+<= 1 point, issue 7). ``--out`` (JSON: the summary and every outcome) and ``--png`` (bars of output
+tokens, think tokens and latency per variant with the oracle line; with ``--sweep`` also
+``<png>_sweep.png``) are written.
 
-Budget: about 15-30 min for 200 problems x 3 variants on 2 shared CPU cores (testbed models).
+Budget: about 5-10 min for 200 problems x 3 variants x 2 repeats on 2 shared CPU cores (testbed
+models); ``--sweep 50`` adds about 3-5 min.
 """
 
 from __future__ import annotations
@@ -39,7 +51,7 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
@@ -49,9 +61,15 @@ if REPO not in sys.path:
 MAX_TOKENS_RATIO = 0.6
 MAX_ACCURACY_DROP_POINTS = 1.0
 DEFAULT_TUNED = os.path.join(REPO, "configs", "specexit_testbed_tuned.yaml")
-#: A built-in tuned preset, used when ``--tuned`` is not given and the preset file does not exist.
-FALLBACK_TUNED = {"specexit_smoothing": "paragraph_mean", "specexit_window": 10}
+DEFAULT_OUT = os.path.join(REPO, "bench", "out", "specexit_eval.json")
+DEFAULT_PNG = os.path.join(REPO, "bench", "out", "specexit_eval.png")
 VARIANTS = ("baseline", "reference", "tuned")
+#: New tokens per warm-up request (enough for the tuned preset to exit).
+WARMUP_TOKENS = 64
+#: How long a prefix-cache flush may wait for the scheduler to become idle.
+FLUSH_TIMEOUT_S = 60.0
+#: ``custom_params`` that switch SpecExit off for one request.
+OFF = {"specexit_enable": False}
 
 
 @dataclass
@@ -83,21 +101,19 @@ def held_out_problems(n: int, seed: int) -> List[dict]:
     return [p.to_json() for p in task.generate_problems(n, random.Random(f"specexit-eval-{seed}"), f"e{seed}-")]
 
 
-def preset_custom_params(path: Optional[str]) -> Dict[str, object]:
+def preset_custom_params(path: str) -> Dict[str, object]:
     """Per-request ``custom_params`` of the ``specexit-*`` options in a launcher preset YAML.
 
     Keys that are not per-request options (``specexit``, ``specexit-stop-think-token``, ...) and
-    non-SpecExit keys are ignored.
+    non-SpecExit keys are ignored. A missing file raises ``FileNotFoundError``.
 
     Examples
     --------
-    >>> preset_custom_params(None) == FALLBACK_TUNED
+    >>> preset_custom_params(DEFAULT_TUNED)["specexit_smoothing"] in ("ewma", "momentum", "mean", "paragraph_mean")
     True
     """
     from sglang_ext.specexit.overrides import OPTION_FIELDS
 
-    if path is None:
-        return dict(FALLBACK_TUNED)
     import yaml
 
     with open(path) as f:
@@ -110,6 +126,21 @@ def preset_custom_params(path: Optional[str]) -> Dict[str, object]:
     return out
 
 
+def sweep_combinations() -> List[Tuple[str, str]]:
+    """Every (method, smoother) pair: 7 method subsets x 4 smoothers.
+
+    Examples
+    --------
+    >>> combos = sweep_combinations()
+    >>> len(combos), combos[0], combos[-1]
+    (28, ('confidence', 'ewma'), ('confidence_progress_remain', 'paragraph_mean'))
+    """
+    from sglang_ext.specexit.defaults import SMOOTHING_NAMES
+    from sglang_ext.specexit.signals import ALL_METHODS
+
+    return [(m.name, s) for m in ALL_METHODS for s in SMOOTHING_NAMES]
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sglang_ext.testbed.evaluate import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -118,32 +149,37 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=2026, help="evaluation RNG seed")
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
-    ap.add_argument("--tuned", default=None, help=f"preset YAML (default {os.path.relpath(DEFAULT_TUNED, REPO)} "
-                                                  f"if present, else {FALLBACK_TUNED})")
+    ap.add_argument("--tuned", default=DEFAULT_TUNED,
+                    help=f"preset YAML of the tuned variant (default {os.path.relpath(DEFAULT_TUNED, REPO)})")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2,
                     help="passes per variant, in the order A B C C B A ... (latencies and walls are averaged; "
                          "tokens and accuracy come from the first pass, greedy decoding repeats them)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
-    ap.add_argument("--out", default=None, help="JSON file with the summary and every outcome")
+    ap.add_argument("--sweep", type=int, default=0, metavar="N",
+                    help="also run all 7 methods x 4 smoothers on the first N problems (0: no sweep)")
+    ap.add_argument("--out", default=DEFAULT_OUT, help="JSON file with the summary and every outcome")
+    ap.add_argument("--png", default=DEFAULT_PNG, help="plot file (the sweep's plot is <png>_sweep.png)")
     return ap
 
 
-async def _run_variant(engine, tok, problems, prompts, custom_params, max_new_tokens, concurrency) -> List[Outcome]:
+async def _run_requests(engine, tok, problems, prompts, params: Sequence[Optional[Mapping[str, object]]],
+                        max_new_tokens, concurrency) -> List[Outcome]:
+    """Every problem with its own ``custom_params`` (``None``: the server's settings), all in flight."""
     from sglang_ext.testbed import task
     from sglang_ext.testbed.evaluate import oracle_think_tokens, think_tokens
 
     sem = asyncio.Semaphore(concurrency)
     close_id = tok.convert_tokens_to_ids(task.THINK_CLOSE)
-    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
-    if custom_params:
-        params["custom_params"] = dict(custom_params)
 
-    async def one(problem, ids):
+    async def one(problem, ids, custom):
+        sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+        if custom:
+            sampling["custom_params"] = dict(custom)
         async with sem:
             t0 = time.perf_counter()
-            out = await engine.async_generate(input_ids=ids, sampling_params=params)
+            out = await engine.async_generate(input_ids=ids, sampling_params=sampling)
             dt = time.perf_counter() - t0
         meta = out["meta_info"]
         text = out["text"]
@@ -155,7 +191,23 @@ async def _run_variant(engine, tok, problems, prompts, custom_params, max_new_to
                        exit_reason=meta.get("specexit_exit_reason"),
                        oracle_think_tokens=oracle_think_tokens(tok, text), latency_s=dt)
 
-    return list(await asyncio.gather(*(one(p, ids) for p, ids in zip(problems, prompts))))
+    return list(await asyncio.gather(*(one(p, ids, c) for p, ids, c in zip(problems, prompts, params))))
+
+
+def before_answer_rate(outcomes: Sequence[Outcome], baseline: Optional[Sequence[Outcome]]) -> Optional[float]:
+    """Share of requests that exited before the baseline had written its answer paragraph.
+
+    Examples
+    --------
+    >>> base = [Outcome("a", "1", "1", True, 100, 80, False, None, 20, 1.0)]
+    >>> before_answer_rate([Outcome("a", "1", "2", False, 30, 12, True, "signals", None, 0.5)], base)
+    1.0
+    """
+    if not baseline or not outcomes:
+        return None
+    early = sum(o.exited and b.oracle_think_tokens is not None and o.think_tokens < b.oracle_think_tokens
+                for o, b in zip(outcomes, baseline))
+    return early / len(outcomes)
 
 
 def summarize(outcomes: Sequence[Outcome], wall_s: float) -> Dict[str, object]:
@@ -197,25 +249,197 @@ def oracle_ratio(baseline: Sequence[Outcome]) -> Optional[float]:
     return cut / total
 
 
-def compare(summary: Dict[str, Dict[str, object]]) -> None:
-    """Add ratios to every SpecExit variant (in place) and the tuned preset's acceptance verdict."""
+def compare(summary: Dict[str, Dict[str, object]], names: Sequence[str] = VARIANTS[1:]) -> None:
+    """Add ratios against ``summary["baseline"]`` to every SpecExit variant (in place) and the tuned verdict.
+
+    Examples
+    --------
+    >>> s = {"baseline": {"mean_output_tokens": 100.0, "accuracy": 1.0, "mean_latency_s": 2.0, "wall_s": 4.0},
+    ...      "tuned": {"mean_output_tokens": 50.0, "accuracy": 1.0, "mean_latency_s": 1.0, "wall_s": 2.0}}
+    >>> compare(s); s["tuned"]["tokens_ratio"], s["tuned"]["acceptance"]["met"]
+    (0.5, True)
+    """
     base = summary.get("baseline")
     if base is None:
         return
-    for name in VARIANTS[1:]:
+    for name in names:
         s = summary.get(name)
         if not isinstance(s, dict):
             continue
         s["tokens_ratio"] = s["mean_output_tokens"] / base["mean_output_tokens"]
         s["accuracy_drop_points"] = 100.0 * (base["accuracy"] - s["accuracy"])
-        s["latency_ratio"] = base["mean_latency_s"] / s["mean_latency_s"] if s["mean_latency_s"] else None
-        s["wall_ratio"] = base["wall_s"] / s["wall_s"] if s["wall_s"] else None
+        if "mean_latency_s" in s:
+            s["latency_ratio"] = base["mean_latency_s"] / s["mean_latency_s"] if s["mean_latency_s"] else None
+            s["wall_ratio"] = base["wall_s"] / s["wall_s"] if s["wall_s"] else None
     tuned = summary.get("tuned")
-    if isinstance(tuned, dict):
-        tuned["acceptance"] = {
-            "tokens_ratio_ok": tuned["tokens_ratio"] <= MAX_TOKENS_RATIO,
-            "accuracy_drop_ok": tuned["accuracy_drop_points"] <= MAX_ACCURACY_DROP_POINTS,
-        }
+    if isinstance(tuned, dict) and "tokens_ratio" in tuned:
+        ok_tokens = tuned["tokens_ratio"] <= MAX_TOKENS_RATIO
+        ok_acc = tuned["accuracy_drop_points"] <= MAX_ACCURACY_DROP_POINTS
+        tuned["acceptance"] = {"tokens_ratio_ok": ok_tokens, "accuracy_drop_ok": ok_acc, "met": ok_tokens and ok_acc}
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(summary: Mapping[str, object], variants: Sequence[str]) -> str:
+    """The printed comparison table (one row per variant), the oracle ratio and the verdict."""
+    head = (f"{'variant':<10} {'accuracy':>8} {'out tok':>8} {'think tok':>9} {'exited':>6} {'<answer':>7} "
+            f"{'lat s':>6} {'wall s':>6} | {'tok ratio':>9} {'acc drop':>8} {'lat ratio':>9} {'wall ratio':>10}")
+    lines = [head, "-" * len(head)]
+    for name in variants:
+        s = summary[name]
+        lines.append(
+            f"{name:<10} {s['accuracy']:>8.3f} {s['mean_output_tokens']:>8.1f} {s['mean_think_tokens']:>9.1f} "
+            f"{s['exited_rate']:>6.2f} {_fmt(s.get('before_answer_rate'), '.2f'):>7} {s['mean_latency_s']:>6.2f} "
+            f"{s['wall_s']:>6.2f} | {_fmt(s.get('tokens_ratio'), '.3f'):>9} "
+            f"{_fmt(s.get('accuracy_drop_points'), '+.1f'):>8} {_fmt(s.get('latency_ratio'), '.2f'):>9} "
+            f"{_fmt(s.get('wall_ratio'), '.2f'):>10}")
+    lines.append("tok ratio = variant/baseline output tokens; acc drop in points (baseline - variant); "
+                 "lat/wall ratio = baseline/variant (> 1: faster); <answer = exited before the baseline's answer "
+                 "paragraph")
+    if summary.get("oracle_ratio") is not None:
+        lines.append(f"oracle ratio (thinking stopped right after the answer paragraph): {summary['oracle_ratio']:.3f}")
+    tuned = summary.get("tuned")
+    if isinstance(tuned, dict) and "acceptance" in tuned:
+        acc = tuned["acceptance"]
+        lines.append(f"tuned preset {summary.get('tuned_custom_params')}: tokens ratio {tuned['tokens_ratio']:.3f} "
+                     f"(<= {MAX_TOKENS_RATIO}: {'yes' if acc['tokens_ratio_ok'] else 'NO'}), accuracy drop "
+                     f"{tuned['accuracy_drop_points']:+.1f} points (<= {MAX_ACCURACY_DROP_POINTS:g}: "
+                     f"{'yes' if acc['accuracy_drop_ok'] else 'NO'}) -> acceptance {'MET' if acc['met'] else 'NOT MET'}")
+    return "\n".join(lines)
+
+
+def format_sweep(sweep: Mapping[str, object]) -> str:
+    """The printed table of the method x smoother sweep."""
+    base = sweep["baseline"]
+    head = (f"{'method':<28} {'smoother':<15} {'accuracy':>8} {'acc drop':>8} {'out tok':>8} {'tok ratio':>9} "
+            f"{'think tok':>9} {'exited':>6} {'<answer':>7}")
+    lines = [f"sweep on {sweep['n']} problems, other options at the server defaults "
+             f"(EWMA alpha 0.1, W 10, confidence > 0.8, progress > 0.3, remain < 200)", head, "-" * len(head),
+             f"{'(SpecExit off)':<28} {'-':<15} {base['accuracy']:>8.3f} {'-':>8} {base['mean_output_tokens']:>8.1f} "
+             f"{'1.000':>9} {base['mean_think_tokens']:>9.1f} {base['exited_rate']:>6.2f} {'-':>7}"]
+    for row in sweep["rows"]:
+        lines.append(f"{row['method']:<28} {row['smoothing']:<15} {row['accuracy']:>8.3f} "
+                     f"{row['accuracy_drop_points']:>+8.1f} {row['mean_output_tokens']:>8.1f} "
+                     f"{row['tokens_ratio']:>9.3f} {row['mean_think_tokens']:>9.1f} {row['exited_rate']:>6.2f} "
+                     f"{_fmt(row.get('before_answer_rate'), '.2f'):>7}")
+    return "\n".join(lines)
+
+
+def _plot(summary: Mapping[str, object], variants: Sequence[str], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("mean_output_tokens", "output tokens / request"), ("mean_think_tokens", "think tokens / request"),
+              ("mean_latency_s", "latency s / request")]
+    colors = {"baseline": "tab:gray", "reference": "tab:blue", "tuned": "tab:green"}
+    fig, axes = plt.subplots(1, 3, figsize=(11, 4))
+    for ax, (key, label) in zip(axes, panels):
+        values = [summary[v][key] for v in variants]
+        bars = ax.bar(variants, values, color=[colors.get(v, "tab:orange") for v in variants])
+        for bar, v in zip(bars, variants):
+            s = summary[v]
+            note = f"{bar.get_height():.1f}" if key != "mean_latency_s" else f"{bar.get_height():.2f}"
+            if v != "baseline" and key == "mean_output_tokens" and "tokens_ratio" in s:
+                note += f"\n{s['tokens_ratio']:.2f}x, acc {s['accuracy']:.3f}"
+            elif v != "baseline" and key == "mean_latency_s" and s.get("latency_ratio"):
+                note += f"\n{s['latency_ratio']:.2f}x faster"
+            elif v == "baseline" and key == "mean_output_tokens":
+                note += f"\nacc {s['accuracy']:.3f}"
+            ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                        fontsize=8)
+        if key == "mean_output_tokens" and summary.get("oracle_ratio") is not None and "baseline" in summary:
+            oracle = summary["oracle_ratio"] * summary["baseline"]["mean_output_tokens"]
+            ax.axhline(oracle, color="tab:red", linestyle="--", linewidth=1.2, label=f"oracle exit ({oracle:.1f})")
+            ax.legend(fontsize=8, loc="lower left")
+        ax.set_title(label, fontsize=10)
+        ax.set_ylim(0, max(values) * 1.3 if values and max(values) > 0 else 1)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"SpecExit on {summary['n']} held-out testbed problems (seed {summary['seed']}), EAGLE3 chain 3/4, "
+                 f"one engine", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_sweep(sweep: Mapping[str, object], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sweep["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    smoothers = list(dict.fromkeys(r["smoothing"] for r in rows))
+    cell = {(r["method"], r["smoothing"]): r for r in rows}
+    grid = [[cell[(m, s)]["tokens_ratio"] for s in smoothers] for m in methods]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    im = ax.imshow(grid, cmap="viridis_r", vmin=0.0, vmax=1.0, aspect="auto")
+    for i, m in enumerate(methods):
+        for j, s in enumerate(smoothers):
+            r = cell[(m, s)]
+            ax.text(j, i, f"{r['tokens_ratio']:.2f}\nacc {r['accuracy']:.2f}", ha="center", va="center", fontsize=8,
+                    color="white" if r["tokens_ratio"] < 0.5 else "black")
+    ax.set_xticks(range(len(smoothers)), smoothers)
+    ax.set_yticks(range(len(methods)), methods)
+    fig.colorbar(im, ax=ax, label="output tokens / baseline")
+    ax.set_title(f"SpecExit sweep, {sweep['n']} problems: tokens ratio and accuracy "
+                 f"(baseline acc {sweep['baseline']['accuracy']:.2f})", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def sweep_png_path(png: str) -> str:
+    """Where the sweep's plot goes next to the main plot.
+
+    Examples
+    --------
+    >>> sweep_png_path("out/eval.png")
+    'out/eval_sweep.png'
+    """
+    stem, ext = os.path.splitext(png)
+    return f"{stem}_sweep{ext or '.png'}"
+
+
+def _flush(engine) -> bool:
+    """Empty the prefix cache once the scheduler is idle (SGLang defers the flush up to the timeout)."""
+    result = engine.loop.run_until_complete(engine.tokenizer_manager.flush_cache(timeout_s=FLUSH_TIMEOUT_S))
+    if not result.success:
+        print(f"[specexit_eval] warning: prefix cache not flushed ({result.message})", file=sys.stderr, flush=True)
+    return bool(result.success)
+
+
+def _run_sweep(loop, engine, tok, problems, prompts, max_new_tokens, concurrency) -> Tuple[dict, dict]:
+    combos = sweep_combinations()
+    params: List[Optional[dict]] = [OFF] * len(problems)
+    for method, smoothing in combos:
+        params += [{"specexit_method": method, "specexit_smoothing": smoothing}] * len(problems)
+    n = len(problems)
+    _flush(engine)
+    t0 = time.perf_counter()
+    run = loop.run_until_complete(_run_requests(engine, tok, problems * (1 + len(combos)),
+                                                prompts * (1 + len(combos)), params, max_new_tokens, concurrency))
+    wall = time.perf_counter() - t0
+    base = run[:n]
+    sweep = {"n": n, "wall_s": wall, "baseline": summarize(base, wall), "rows": []}
+    outcomes = {"baseline": base}
+    for i, (method, smoothing) in enumerate(combos):
+        part = run[(i + 1) * n:(i + 2) * n]
+        row = {"method": method, "smoothing": smoothing, **summarize(part, wall)}
+        for key in ("mean_latency_s", "wall_s"):
+            row.pop(key)
+        row["before_answer_rate"] = before_answer_rate(part, base)
+        sweep["rows"].append(row)
+        outcomes[f"{method}/{smoothing}"] = part
+    by_name = {"baseline": sweep["baseline"], **{str(i): r for i, r in enumerate(sweep["rows"])}}
+    compare(by_name, [str(i) for i in range(len(combos))])
+    return sweep, outcomes
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
@@ -226,8 +450,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    tuned_path = args.tuned if args.tuned is not None else (DEFAULT_TUNED if os.path.exists(DEFAULT_TUNED) else None)
-    tuned = preset_custom_params(tuned_path)
+    if "tuned" in variants and not os.path.isfile(args.tuned):
+        raise SystemExit(f"--tuned: preset file not found: {args.tuned}")
+    tuned = preset_custom_params(args.tuned) if "tuned" in variants else None
+    if args.sweep < 0 or args.sweep > args.n:
+        raise SystemExit(f"--sweep: must be in 0..--n ({args.n}), got {args.sweep}")
     _prepare_environment()
     import sglang
     import torch
@@ -245,45 +472,75 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                   max_running_requests=max(args.concurrency, 1), specexit=True, log_level="warning")
     if not torch.cuda.is_available():
         kwargs.update({k: v for k, v in CPU_DEFAULTS.items() if k not in kwargs})
-    custom = {"baseline": {"specexit_enable": False}, "reference": None, "tuned": tuned}
+    custom = {"baseline": OFF, "reference": None, "tuned": tuned}
+    tuned_shown = os.path.relpath(args.tuned, REPO) if tuned is not None else None
+    print(f"[specexit_eval] {len(problems)} problems (seed {args.seed}), variants {variants}, repeats {args.repeats}, "
+          f"tuned {tuned_shown} {tuned}; launching the engine", file=sys.stderr, flush=True)
     engine = sglang.Engine(**kwargs)
     outcomes: Dict[str, List[Outcome]] = {}
-    summary: Dict[str, object] = {"n": len(problems), "seed": args.seed, "tuned_preset": tuned_path,
+    summary: Dict[str, object] = {"n": len(problems), "seed": args.seed, "tuned_preset": tuned_shown,
                                   "tuned_custom_params": tuned}
+    sweep = None
+    flushed: List[bool] = []
     try:
         loop = asyncio.get_event_loop()
-        # warm-up (first-call costs), then every variant starts from an empty prefix cache
-        loop.run_until_complete(_run_variant(engine, tok, problems[:8], prompts[:8], custom["baseline"], 16,
-                                             args.concurrency))
+        # warm-up at the full batch width, SpecExit off and on (first-call costs, allocations), then every
+        # variant starts from an empty prefix cache
+        w = min(len(problems), args.concurrency)
+        warm = [OFF if i % 2 == 0 else (tuned or None) for i in range(w)]
+        loop.run_until_complete(_run_requests(engine, tok, problems[:w], prompts[:w], warm, WARMUP_TOKENS,
+                                              args.concurrency))
         # order A B C (C B A ...): drift of the shared machine's speed cancels out of the ratios
         order = []
         for r in range(args.repeats):
             order += variants if r % 2 == 0 else variants[::-1]
         timings: Dict[str, List[Tuple[float, float]]] = {name: [] for name in variants}
         for name in order:
-            engine.flush_cache()
+            flushed.append(_flush(engine))
             t0 = time.perf_counter()
-            run = loop.run_until_complete(_run_variant(engine, tok, problems, prompts, custom[name],
-                                                       args.max_new_tokens, args.concurrency))
+            run = loop.run_until_complete(_run_requests(engine, tok, problems, prompts, [custom[name]] * len(problems),
+                                                        args.max_new_tokens, args.concurrency))
             wall = time.perf_counter() - t0
             outcomes.setdefault(name, run)
             timings[name].append((sum(o.latency_s for o in run) / len(run), wall))
-            print(json.dumps({name: summarize(run, wall)}), file=sys.stderr)
+            s = summarize(run, wall)
+            print(f"[specexit_eval] pass {name}: accuracy {s['accuracy']:.3f}, output tokens "
+                  f"{s['mean_output_tokens']:.1f}, mean latency {s['mean_latency_s']:.2f} s, wall {wall:.1f} s",
+                  file=sys.stderr, flush=True)
         for name in variants:
             summary[name] = summarize(outcomes[name], sum(w for _, w in timings[name]) / len(timings[name]))
             summary[name]["mean_latency_s"] = sum(lat for lat, _ in timings[name]) / len(timings[name])
             summary[name]["repeats"] = len(timings[name])
+            summary[name]["before_answer_rate"] = before_answer_rate(outcomes[name], outcomes.get("baseline"))
+        if args.sweep:
+            print(f"[specexit_eval] sweep: {len(sweep_combinations())} combinations + baseline on {args.sweep} problems",
+                  file=sys.stderr, flush=True)
+            sweep, sweep_outcomes = _run_sweep(loop, engine, tok, problems[:args.sweep], prompts[:args.sweep],
+                                               args.max_new_tokens, args.concurrency)
+        summary["cache_flushed_before_every_pass"] = all(flushed)
         summary["server_info"] = engine.get_server_info()["internal_states"][0].get("specexit")
     finally:
         engine.shutdown()
     compare(summary)
     if "baseline" in outcomes:
         summary["oracle_ratio"] = oracle_ratio(outcomes["baseline"])
-    print(json.dumps(summary))
+    print(format_table(summary, variants))
+    _plot(summary, variants, args.png)
+    print(f"plot: {os.path.relpath(args.png, REPO)}")
+    if sweep is not None:
+        summary["sweep"] = sweep
+        print()
+        print(format_sweep(sweep))
+        _plot_sweep(sweep, sweep_png_path(args.png))
+        print(f"plot: {os.path.relpath(sweep_png_path(args.png), REPO)}")
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        record = {**summary, "outcomes": {k: [asdict(o) for o in v] for k, v in outcomes.items()}}
+        if sweep is not None:
+            record["sweep_outcomes"] = {k: [asdict(o) for o in v] for k, v in sweep_outcomes.items()}
         with open(args.out, "w") as f:
-            json.dump({**summary, "outcomes": {k: [asdict(o) for o in v] for k, v in outcomes.items()}}, f,
-                      indent=1)
+            json.dump(record, f, indent=1)
+        print(f"json: {os.path.relpath(args.out, REPO)}")
     return summary
 
 

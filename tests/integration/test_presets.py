@@ -23,7 +23,7 @@ def plugins_loaded():
 def test_presets_exist():
     names = {os.path.basename(p) for p in PRESETS}
     assert {"cpu_demo.yaml", "qwen3_4b_thinking_specexit.yaml", "qwen3_8b_dflash_b16_dcut.yaml",
-            "qwen3_4b_thinking_specexit_dcut.yaml"} <= names
+            "qwen3_4b_thinking_specexit_dcut.yaml", "specexit_testbed_tuned.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=[os.path.basename(p) for p in PRESETS])
