@@ -144,7 +144,6 @@ def build_traces(out_dir: str, seed: int, cfg: TraceConfig, progress: bool = Tru
     else:
         from sglang_ext.testbed.train_target import load_target
 
-        torch.set_num_threads(1)
         tok = build_tokenizer()
         target = load_target(os.path.join(out_dir, "target"))
         train_p = task.generate_problems(cfg.num_train, random.Random(f"sglang_ext-traces-{seed}"),

@@ -122,15 +122,8 @@ def train_draft(out_dir: str, seed: int, cfg: DraftTrainConfig, progress: bool =
     dcfg = DraftConfig(tc.hidden_size, tc.num_attention_heads,
                        _draft_intermediate(out_dir, tc), tc.vocab_size, tc.num_hidden_layers,
                        tc.max_position_embeddings, _rope_theta(tc), tc.rms_norm_eps)
-    gen = torch.random.fork_rng(devices=[])
-    with gen:
-        torch.manual_seed(seed + 1)
-        draft = Eagle3Draft(dcfg, target.get_input_embeddings().weight)
-        with torch.no_grad():
-            draft.lm_head.weight.copy_(target.lm_head.weight)
-            draft.fc.weight[dcfg.hidden_size:].zero_()
-    params = [p for n, p in draft.named_parameters()]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    draft = init_draft(target, dcfg, seed)
+    params, opt = draft_optimizer(draft, cfg)
     ckpt_path = os.path.join(out_dir, "draft_ckpt.pt")
     start, losses, accs = 0, [], []
     ck = load_if_exists(ckpt_path)
@@ -147,26 +140,8 @@ def train_draft(out_dir: str, seed: int, cfg: DraftTrainConfig, progress: bool =
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
         ids, labels, _, feats = draft_batch(traces, seed, step, cfg.batch_size, features)
-        if feats is None:
-            with torch.no_grad():
-                _, feats = capture_features(target, ids)
-        logits = draft.ttt_forward(ids, feats, cfg.ttt_steps)
-        targets = ttt_labels(ids, labels, cfg.ttt_steps)
-        loss = 0.0
-        step_acc = []
-        for lg, tg in zip(logits, targets):
-            loss = loss + F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1),
-                                          ignore_index=IGNORE_INDEX)
-            valid = tg != IGNORE_INDEX
-            step_acc.append(float((lg.argmax(-1)[valid] == tg[valid]).float().mean()))
-        loss = loss / len(logits)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        # The signal rows of fc are not trained here (stage 4 fits them as a probe).
-        draft.fc.weight.grad[dcfg.hidden_size:] = 0
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(loss.item())
+        loss, step_acc = draft_train_step(draft, opt, params, target, ids, labels, feats, cfg)
+        losses.append(loss)
         accs.append(step_acc)
         bar.set_postfix(loss=f"{losses[-1]:.4f}", acc="/".join(f"{a:.3f}" for a in step_acc))
         done = step + 1
@@ -180,6 +155,54 @@ def train_draft(out_dir: str, seed: int, cfg: DraftTrainConfig, progress: bool =
     with open(record_path, "w") as f:
         json.dump(record, f)
     return record
+
+
+def init_draft(target, dcfg: DraftConfig, seed: int) -> Eagle3Draft:
+    """A fresh draft: seeded init, ``lm_head`` copied from the target, signal rows zero."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        draft = Eagle3Draft(dcfg, target.get_input_embeddings().weight)
+        with torch.no_grad():
+            draft.lm_head.weight.copy_(target.lm_head.weight)
+            draft.fc.weight[dcfg.hidden_size:].zero_()
+    return draft
+
+
+def draft_optimizer(draft: Eagle3Draft, cfg: DraftTrainConfig):
+    """``(params, AdamW)`` of the draft stage."""
+    params = [p for n, p in draft.named_parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    return params, opt
+
+
+def draft_train_step(draft: Eagle3Draft, opt, params, target, ids: torch.Tensor, labels: torch.Tensor,
+                     feats: Optional[torch.Tensor], cfg: DraftTrainConfig):
+    """One optimizer step of the draft (training-time test); returns ``(loss, per-step acc)``.
+
+    ``ids``, ``labels``: ``# [batch_size, seq_len]``; ``feats``: ``# [batch_size, seq_len, 3H]``
+    cached target features, or None to capture them with ``target`` now. The caller sets
+    the learning rate and ``draft.train()``.
+    """
+    if feats is None:
+        with torch.no_grad():
+            _, feats = capture_features(target, ids)
+    logits = draft.ttt_forward(ids, feats, cfg.ttt_steps)
+    targets = ttt_labels(ids, labels, cfg.ttt_steps)
+    loss = 0.0
+    step_acc = []
+    for lg, tg in zip(logits, targets):
+        loss = loss + F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1),
+                                      ignore_index=IGNORE_INDEX)
+        valid = tg != IGNORE_INDEX
+        step_acc.append(float((lg.argmax(-1)[valid] == tg[valid]).float().mean()))
+    loss = loss / len(logits)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    # The signal rows of fc are not trained here (stage 4 fits them as a probe).
+    draft.fc.weight.grad[draft.cfg.hidden_size:] = 0
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return loss.item(), step_acc
 
 
 def _rope_theta(tc) -> float:

@@ -204,19 +204,126 @@ def evaluate_target(model, tok, problems: List[task.Problem], max_new_tokens: in
     }
 
 
-def _train_phase(model, tok, ckpt_path: str, name: str, steps: int, lr: float, warmup: int,
-                 cfg: TargetTrainConfig, make_batch: Callable[[int], tuple],
-                 weights_fn: Optional[Callable], eval_problems, progress: bool,
-                 aux_fn: Optional[Callable] = None, aux_head: Optional[torch.nn.Module] = None):
-    """One phase with its own AdamW and schedule; resumes from / writes ``ckpt_path``.
+@dataclass
+class TargetPhase:
+    """One phase of the target's training (see :class:`TargetTrainConfig`).
 
-    ``aux_fn(hidden_states, ids, labels, head) -> loss`` adds an auxiliary loss on the
-    HF ``hidden_states`` with the extra trainable ``aux_head``.
+    ``make_batch(step) -> (input_ids, labels, lengths)`` is a pure function of the step;
+    ``weights_fn(labels)`` gives per-token loss weights (None: plain LM loss);
+    ``aux_fn(hidden_states, ids, labels, head) -> loss`` adds an auxiliary loss on the HF
+    ``hidden_states`` with the extra trainable ``aux_head``.
     """
+
+    name: str
+    ckpt_name: str
+    steps: int
+    lr: float
+    warmup: int
+    make_batch: Callable[[int], tuple]
+    weights_fn: Optional[Callable] = None
+    aux_fn: Optional[Callable] = None
+    aux_head: Optional[torch.nn.Module] = None
+
+
+def target_phases(tok, seed: int, shape: ModelShape, cfg: TargetTrainConfig) -> List[TargetPhase]:
+    """The phases of :func:`train_target`, in order (1 to 3 of them).
+
+    Examples
+    --------
+    >>> from sglang_ext.testbed.modeling import QUICK_SHAPE
+    >>> from sglang_ext.testbed.tokenizer import build_tokenizer
+    >>> [p.name for p in target_phases(build_tokenizer(), 0, QUICK_SHAPE, TargetTrainConfig())]
+    ['target', 'target-arith', 'target-drill']
+    """
+    phases = [TargetPhase("target", "target_ckpt.pt", cfg.steps, cfg.lr, cfg.warmup,
+                          lambda step: batch_for_step(tok, seed, step, cfg.batch_size))]
+    if cfg.arith_steps <= 0:
+        return phases
+    eq_id = tok.convert_tokens_to_ids(" =")
+    stop_id = tok.convert_tokens_to_ids(".")
+    close_id = tok.convert_tokens_to_ids(task.THINK_CLOSE)
+    aux_ids = aux_layer_ids(shape.num_layers)
+    aux_head, aux_fn = None, None
+    if cfg.aux_signal_weight > 0:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 2)
+            aux_head = torch.nn.Linear(3 * shape.hidden_size, 2, bias=False)
+        torch.nn.init.zeros_(aux_head.weight)
+
+        def aux_fn(hidden_states, ids, labels, head):
+            feats = torch.cat([hidden_states[i] for i in aux_ids], dim=-1)
+            prog, logrem, mask = think_span_targets(ids, labels, close_id)
+            if not mask.any():
+                return feats.sum() * 0.0
+            z = head(feats[mask])
+            return cfg.aux_signal_weight * (
+                F.mse_loss(torch.sigmoid(z[:, 0]), prog[mask]) * 10.0
+                + F.mse_loss(z[:, 1], logrem[mask]))
+
+    def weights_fn(labels):
+        return result_token_weights(labels, eq_id, stop_id, cfg.result_weight)
+
+    phases.append(TargetPhase(
+        "target-arith", "target_arith_ckpt.pt", cfg.arith_steps, cfg.arith_lr, cfg.arith_warmup,
+        lambda step: arith_batch_for_step(tok, seed, step, cfg.batch_size, cfg.arith_operand_weights),
+        weights_fn, aux_fn, aux_head))
+    if cfg.drill_steps > 0:
+        phases.append(TargetPhase(
+            "target-drill", "target_drill_ckpt.pt", cfg.drill_steps, cfg.drill_lr, cfg.drill_warmup,
+            lambda step: drill_batch_for_step(tok, seed, step, cfg.drill_batch_size,
+                                              cfg.arith_operand_weights, cfg.drill_full_fraction),
+            weights_fn, aux_fn, aux_head))
+    return phases
+
+
+def phase_optimizer(model, phase: TargetPhase, cfg: TargetTrainConfig):
+    """``(params, AdamW)`` of ``phase``: the model's parameters and the phase's ``aux_head``."""
+    aux = list(phase.aux_head.parameters()) if phase.aux_head is not None else []
+    params = list(model.parameters()) + aux
+    opt = torch.optim.AdamW(params, lr=phase.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    return params, opt
+
+
+def train_step(model, opt, params, phase: TargetPhase, ids: torch.Tensor,
+               labels: torch.Tensor) -> float:
+    """One optimizer step of ``phase`` on a batch; returns the loss.
+
+    ``ids``, ``labels``: ``# [batch_size, seq_len]`` (from ``phase.make_batch``). The
+    caller sets the learning rate and ``model.train()``.
+    """
+    if phase.weights_fn is None and phase.aux_fn is None:
+        loss = model(input_ids=ids, labels=labels, use_cache=False).loss
+    else:
+        out = model(input_ids=ids, use_cache=False, output_hidden_states=phase.aux_fn is not None)
+        w = phase.weights_fn(labels) if phase.weights_fn is not None else (labels != IGNORE_INDEX).float()
+        loss = weighted_lm_loss(out.logits, labels, w)
+        if phase.aux_fn is not None:
+            loss = loss + phase.aux_fn(out.hidden_states, ids, labels, phase.aux_head)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return loss.item()
+
+
+def phase_eval_steps(steps: int, eval_every: int) -> List[int]:
+    """Steps (1-based counts done) after which a phase of ``steps`` evaluates (not the last).
+
+    Examples
+    --------
+    >>> phase_eval_steps(600, 150), phase_eval_steps(40, 0)
+    ([150, 300, 450], [])
+    """
+    return [d for d in range(1, steps + 1) if eval_every and d % eval_every == 0 and d < steps]
+
+
+def _train_phase(model, tok, ckpt_path: str, phase: TargetPhase, cfg: TargetTrainConfig,
+                 eval_problems, progress: bool):
+    """One phase with its own AdamW and schedule; resumes from / writes ``ckpt_path``."""
     from tqdm import tqdm
 
-    params = list(model.parameters()) + (list(aux_head.parameters()) if aux_head is not None else [])
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    name, steps, aux_head = phase.name, phase.steps, phase.aux_head
+    params, opt = phase_optimizer(model, phase, cfg)
     start, losses, evals = 0, [], []
     ck = load_if_exists(ckpt_path)
     if ck is not None:
@@ -233,28 +340,17 @@ def _train_phase(model, tok, ckpt_path: str, name: str, steps: int, lr: float, w
             state["aux_head"] = aux_head.state_dict()
         save_atomic(state, ckpt_path)
 
+    eval_at = set(phase_eval_steps(steps, cfg.eval_every))
     bar = tqdm(range(start, steps), desc=name, disable=not progress, initial=start, total=steps)
     for step in bar:
         model.train()
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr, warmup)
-        ids, labels, _ = make_batch(step)
-        if weights_fn is None and aux_fn is None:
-            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
-        else:
-            out = model(input_ids=ids, use_cache=False, output_hidden_states=aux_fn is not None)
-            w = weights_fn(labels) if weights_fn is not None else (labels != IGNORE_INDEX).float()
-            loss = weighted_lm_loss(out.logits, labels, w)
-            if aux_fn is not None:
-                loss = loss + aux_fn(out.hidden_states, ids, labels, aux_head)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(loss.item())
+            g["lr"] = lr_at(step, steps, phase.lr, phase.warmup)
+        ids, labels, _ = phase.make_batch(step)
+        losses.append(train_step(model, opt, params, phase, ids, labels))
         bar.set_postfix(loss=f"{losses[-1]:.4f}")
         done = step + 1
-        if cfg.eval_every and done % cfg.eval_every == 0 and done < steps:
+        if done in eval_at:
             ev = evaluate_target(model, tok, eval_problems)
             ev["step"] = done
             ev["phase"] = name
@@ -280,51 +376,12 @@ def train_target(out_dir: str, seed: int, shape: ModelShape, cfg: TargetTrainCon
 
     tok = build_tokenizer()
     model = build_target(shape, seed)
-    eval_problems = task.generate_problems(
-        cfg.eval_problems, random.Random(f"sglang_ext-target-eval-{seed}"), "eval-")
-    losses, evals = _train_phase(
-        model, tok, os.path.join(out_dir, "target_ckpt.pt"), "target", cfg.steps, cfg.lr,
-        cfg.warmup, cfg, lambda step: batch_for_step(tok, seed, step, cfg.batch_size), None,
-        eval_problems, progress)
-    if cfg.arith_steps > 0:
-        eq_id = tok.convert_tokens_to_ids(" =")
-        stop_id = tok.convert_tokens_to_ids(".")
-        close_id = tok.convert_tokens_to_ids(task.THINK_CLOSE)
-        aux_ids = aux_layer_ids(shape.num_layers)
-        aux_head, aux_fn = None, None
-        if cfg.aux_signal_weight > 0:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed + 2)
-                aux_head = torch.nn.Linear(3 * shape.hidden_size, 2, bias=False)
-            torch.nn.init.zeros_(aux_head.weight)
-
-            def aux_fn(hidden_states, ids, labels, head):
-                feats = torch.cat([hidden_states[i] for i in aux_ids], dim=-1)
-                prog, logrem, mask = think_span_targets(ids, labels, close_id)
-                if not mask.any():
-                    return feats.sum() * 0.0
-                z = head(feats[mask])
-                return cfg.aux_signal_weight * (
-                    F.mse_loss(torch.sigmoid(z[:, 0]), prog[mask]) * 10.0
-                    + F.mse_loss(z[:, 1], logrem[mask]))
-
-        l2, e2 = _train_phase(
-            model, tok, os.path.join(out_dir, "target_arith_ckpt.pt"), "target-arith",
-            cfg.arith_steps, cfg.arith_lr, cfg.arith_warmup, cfg,
-            lambda step: arith_batch_for_step(tok, seed, step, cfg.batch_size,
-                                              cfg.arith_operand_weights),
-            lambda labels: result_token_weights(labels, eq_id, stop_id, cfg.result_weight),
-            eval_problems, progress, aux_fn, aux_head)
-        losses, evals = losses + l2, evals + e2
-        if cfg.drill_steps > 0:
-            l3, e3 = _train_phase(
-                model, tok, os.path.join(out_dir, "target_drill_ckpt.pt"), "target-drill",
-                cfg.drill_steps, cfg.drill_lr, cfg.drill_warmup, cfg,
-                lambda step: drill_batch_for_step(tok, seed, step, cfg.drill_batch_size,
-                                                  cfg.arith_operand_weights, cfg.drill_full_fraction),
-                lambda labels: result_token_weights(labels, eq_id, stop_id, cfg.result_weight),
-                eval_problems, progress, aux_fn, aux_head)
-            losses, evals = losses + l3, evals + e3
+    eval_problems = target_eval_problems(cfg, seed)
+    losses, evals = [], []
+    for phase in target_phases(tok, seed, shape, cfg):
+        lp, ep = _train_phase(model, tok, os.path.join(out_dir, phase.ckpt_name), phase, cfg,
+                              eval_problems, progress)
+        losses, evals = losses + lp, evals + ep
 
     final_eval = evaluate_target(model, tok, eval_problems)
     final_eval["step"] = cfg.steps + cfg.arith_steps + (cfg.drill_steps if cfg.arith_steps else 0)
@@ -335,6 +392,12 @@ def train_target(out_dir: str, seed: int, shape: ModelShape, cfg: TargetTrainCon
     with open(record_path, "w") as f:
         json.dump(record, f)
     return record
+
+
+def target_eval_problems(cfg: TargetTrainConfig, seed: int) -> List[task.Problem]:
+    """The fixed monitoring problems of the target's periodic greedy evaluations."""
+    return task.generate_problems(
+        cfg.eval_problems, random.Random(f"sglang_ext-target-eval-{seed}"), "eval-")
 
 
 def save_target(model, final_dir: str) -> None:

@@ -3,19 +3,23 @@
 Runs the whole pipeline once (target, traces + labels, draft, signal rows, check) and
 checks that the losses fall, that the checkpoints have the layouts SGLang loads, that
 a finished run is skipped on re-run, and that an interrupted stage resumes to the
-same weights as an uninterrupted one.
+same weights as an uninterrupted one.  Also the time-estimate mode (``--estimate-time``) on
+the quick configuration, ``--threads``, and the doctests of the refactored step functions.
 
-Budget: < 3 min (the quick pipeline dominates).
+Budget: < 3 min (the quick pipeline dominates; the quick time estimate adds < 30 s).
 """
 
+import doctest
+import hashlib
 import json
 import os
+import re
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from sglang_ext.testbed import train, train_target
+from sglang_ext.testbed import timing, train, train_target
 from sglang_ext.testbed.modeling import QUICK_SHAPE, aux_layer_ids
 
 
@@ -165,3 +169,110 @@ def test_interrupted_target_resumes_to_identical_weights(tmp_path, monkeypatch):
     b = load_file(os.path.join(cut_dir, "target", "model.safetensors"))
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ----------------------------------------------------------------------------- time estimate
+
+#: Stage rows of the estimate and their unit counts in the quick configuration, derived by
+#: hand from ``train.stage_config(..., quick=True)``: target 40/10/6 steps (checkpoint every
+#: 20: saves at 20, 40 | 10 | 6), no periodic eval (eval_every 0) so one final eval, traces
+#: 8 train + 4 held-out problems, draft 20 steps (checkpoint every 10: 2 saves), signal fit
+#: 30 iterations on 8 labelled traces, check on 4 held-out traces.
+QUICK_COUNTS = {
+    "target phase 1": 40, "target phase 2": 10, "target phase 3": 6, "target evals": 1,
+    "greedy traces": 12, "draft features": 8, "draft": 20, "signal features": 8,
+    "check": 4, "checkpoint saves": 2 + 1 + 1 + 2,
+}
+
+
+def _models_digest():
+    h = hashlib.sha256()
+    for root, _, files in sorted(os.walk(timing.MODELS_DIR)):
+        for f in sorted(files):
+            with open(os.path.join(root, f), "rb") as fh:
+                h.update(f.encode() + fh.read())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def quick_estimate():
+    before = _models_digest()
+    est = timing.estimate(seed=0, quick=True, threads=1, timed_steps=1, progress=False)
+    assert _models_digest() == before, "the estimate wrote into the committed models"
+    return est
+
+
+def test_estimate_counts_units_of_the_quick_run(quick_estimate):
+    rows = {r.stage: r for r in quick_estimate.rows}
+    for stage, count in QUICK_COUNTS.items():
+        assert rows[stage].count == count, stage
+    fit = [r for r in quick_estimate.rows if r.stage.startswith("signal fit")]
+    assert len(fit) == 1 and fit[0].count == 30 and fit[0].unit == "iter"
+    labels = rows["forced-exit labels"]
+    # reference traces with 1 re-check: >= 3 paragraph boundaries + the empty think span
+    assert labels.count >= (8 + 4) * 4 and labels.timed >= 4
+
+
+def test_estimate_projections_are_count_times_seconds(quick_estimate):
+    est = quick_estimate
+    assert est.threads == 1 and est.quick
+    total = 0.0
+    for r in est.rows:
+        assert r.timed >= 1 and r.cpu_s >= 0 and r.wall_s > 0, r
+        assert r.idle_min(1) == pytest.approx(r.count * r.cpu_s / 60)
+        assert r.wall_min() == pytest.approx(r.count * r.wall_s / 60)
+        total += r.count * r.cpu_s / 60
+    for stage in ("target phase 1", "target phase 2", "target phase 3", "draft", "target evals"):
+        assert next(r for r in est.rows if r.stage == stage).cpu_s > 0, stage
+    assert est.total_idle_min() == pytest.approx(total) and total > 0
+    assert est.total_wall_min() > 0
+
+
+def test_estimate_cli_prints_every_stage_and_writes_nothing(quick_estimate, tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_estimate(**kw):
+        seen.update(kw)
+        return quick_estimate
+
+    monkeypatch.setattr(timing, "estimate", fake_estimate)
+    out = tmp_path / "run"
+    train.main(["--estimate-time", "--quick", "--timed-steps", "1", "--no-progress", "--out", str(out)])
+    assert seen == {"seed": 0, "quick": True, "threads": 1, "timed_steps": 1, "progress": False}
+    assert not out.exists()
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    printed = {}
+    for line in lines:
+        m = re.match(r"^(.+?)\s+(step|eval|problem|prompt|trace|iter|save)\s+(\d+)\s+(\d+)\s+"
+                     r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", line)
+        if m:
+            printed[m.group(1).strip()] = [float(x) for x in m.groups()[2:]]
+    assert set(QUICK_COUNTS) | {"forced-exit labels"} <= set(printed), sorted(printed)
+    assert len(printed) == len(quick_estimate.rows)
+    for name, (count, timed, cpu, main, wall, idle_min, wall_min) in printed.items():
+        assert idle_min == pytest.approx(count * cpu / 60, abs=0.006, rel=0.02), name
+    total = [line for line in lines if line.startswith("total")]
+    assert len(total) == 1
+    idle_total, wall_total = (float(x) for x in total[0].split()[1:3])
+    assert idle_total == pytest.approx(sum(v[5] for v in printed.values()), abs=0.01 * len(printed))
+    assert idle_total > 0 and wall_total > 0
+    assert "load average before" in text and "1 thread(s)" in text
+
+
+def test_threads_option(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(tmp_path / "x"), "--threads", "0"])
+    with pytest.raises(SystemExit):  # --out is required without --estimate-time
+        train.main(["--quick"])
+    calls = []
+    monkeypatch.setattr(train.torch, "set_num_threads", calls.append)
+    train.run(str(tmp_path / "none"), seed=0, quick=True, stages=(), progress=False, threads=2)
+    train.run(str(tmp_path / "none"), seed=0, quick=True, stages=(), progress=False)
+    assert calls == [2, 1]
+
+
+def test_doctests_of_step_functions():
+    for mod in (train_target, timing):
+        res = doctest.testmod(mod)
+        assert res.failed == 0 and res.attempted > 0, mod.__name__
