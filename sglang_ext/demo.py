@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "cpu_demo.yaml")
@@ -106,16 +106,20 @@ def extension_info(base_url: str) -> dict:
 
 @contextlib.contextmanager
 def running_server(models: DemoModels, extra: Optional[List[str]] = None, config: str = DEMO_CONFIG,
-                   log_path: Optional[str] = None, timeout_s: float = 600.0):
-    """Launch the demo server in the CPU testbed environment; yields its base URL; stops it on exit."""
+                   log_path: Optional[str] = None, timeout_s: float = 600.0, env: Optional[Dict[str, str]] = None):
+    """Launch the demo server in the CPU testbed environment; yields its base URL; stops it on exit.
+
+    ``env`` adds environment variables of the server process (over the CPU testbed environment)."""
     from sglang_ext.engine.cpu.standins import cpu_testbed_env
 
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     cmd = server_command(models, port, extra, config=config)
     print("[demo] launching:", " ".join(cmd), flush=True)
+    proc_env = cpu_testbed_env()
+    proc_env.update(env or {})
     log = open(log_path, "w") if log_path else None
-    proc = subprocess.Popen(cmd, env=cpu_testbed_env(), stdout=log, stderr=subprocess.STDOUT if log else None,
+    proc = subprocess.Popen(cmd, env=proc_env, stdout=log, stderr=subprocess.STDOUT if log else None,
                             start_new_session=True)
     try:
         wait_healthy(base_url, proc, timeout_s)

@@ -1,6 +1,7 @@
 """64 concurrent HTTP clients against a launched CPU server with ``--dcut auto``.
 
-``python -m sglang.launch_server`` (the plugin loaded through its entry point) with the tiny
+``python -m sglang.launch_server`` (the plugin loaded through its entry point, started by
+``sglang_ext.demo.running_server`` with the ``PRESET`` below as its ``--config``) with the tiny
 models, EAGLE3 chain 7 steps / 8 draft tokens, ``--max-running-requests 64``, launch-time
 profiling at batch sizes 1, 16, 64. Then 64 client threads send greedy ``/generate`` requests
 (prompt and output lengths vary) in a loop for 20 s (CI) or 2 minutes (``-m slow``):
@@ -10,7 +11,8 @@ profiling at batch sizes 1, 16, 64. Then 64 client threads send greedy ``/genera
 * when the traffic drains, no request is running and the KV pool holds nothing but the radix
   cache (no leak under concurrency, aborts-free traffic).
 
-Budget: CI < 2.5 min (server start ~60-90 s incl. profiling, 20 s of traffic); slow < 4.5 min.
+Budget: CI < 2.5 min (server start ~60-90 s incl. profiling, 20 s of traffic; the launch-line check < 1 s);
+slow < 4.5 min.
 """
 
 from __future__ import annotations
@@ -18,68 +20,88 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
 NUM_CLIENTS = 64
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: The server's settings, as an SGLang ``--config`` preset (``sglang_ext.demo.running_server`` adds the
+#: models, host and port). The batch sizes are a YAML list: read through the extension's preset hook.
+PRESET = f"""\
+device: cpu
+dtype: float32
+attention-backend: torch_sdpa
+sampling-backend: pytorch
+cuda-graph-backend-decode: disabled
+cuda-graph-backend-prefill: disabled
+mem-fraction-static: 0.5
+max-running-requests: {NUM_CLIENTS}
+max-total-tokens: 40000
+chunked-prefill-size: -1
+skip-server-warmup: true
+random-seed: 0
+speculative-algorithm: EAGLE3
+speculative-num-steps: 7
+speculative-eagle-topk: 1
+speculative-num-draft-tokens: 8
+dcut: auto
+dcut-profile-batch-sizes: [1, 16, 64]
+dcut-profile-steps: 2
+dcut-profile-warmup: 1
+"""
+#: KV/req-pool leak checks at idle raise in the scheduler (SGLang's default; set in case the caller's
+#: environment turns them off).
+SERVER_ENV = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
-    import requests
-
-    from sglang_ext.engine.cpu.standins import cpu_testbed_env
+    from sglang_ext import demo
 
     tmp = tmp_path_factory.mktemp("dcut-http")
-    port = _free_port()
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", tiny_models.target,
-           "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", tiny_models.draft,
-           "--speculative-num-steps", "7", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8",
-           "--attention-backend", "torch_sdpa", "--device", "cpu", "--dtype", "float32",
-           "--sampling-backend", "pytorch", "--disable-cuda-graph", "--mem-fraction-static", "0.5",
-           "--max-running-requests", str(NUM_CLIENTS), "--max-total-tokens", "40000",
-           "--chunked-prefill-size", "-1", "--skip-server-warmup", "--random-seed", "0",
-           "--host", "127.0.0.1", "--port", str(port),
-           "--dcut", "auto", "--dcut-cache-dir", str(tmp / "cache"), "--dcut-profile-batch-sizes", "1,16,64",
-           "--dcut-profile-steps", "2", "--dcut-profile-warmup", "1"]
-    env = cpu_testbed_env()
-    env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] = "1"
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    preset = tmp / "dcut_http.yaml"
+    preset.write_text(PRESET)
+    models = demo.DemoModels(tiny_models.target, tiny_models.draft, trained=False)
+    log = tmp / "server.log"
     try:
-        deadline = time.time() + 600
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; see {tmp / 'server.log'}")
-            try:
-                if requests.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.time() > deadline:
-                raise TimeoutError("server did not become healthy")
-            time.sleep(1.0)
-        yield base, proc, tmp / "server.log"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        with demo.running_server(models, ["--dcut-cache-dir", str(tmp / "cache")], config=str(preset),
+                                 log_path=str(log), timeout_s=600, env=SERVER_ENV) as (base, proc):
+            yield base, proc, log
+    except Exception:
+        if log.exists():
+            print(log.read_text()[-5000:])
+        raise
+
+
+def test_running_server_passes_the_preset_and_environment(monkeypatch, tmp_path):
+    """The fixture's launch line and environment, without starting a server."""
+    import subprocess
+
+    from sglang_ext import demo
+
+    seen = {}
+
+    class _Exited:
+        pid = -1
+
+        def poll(self):
+            return 0
+
+    def fake_popen(cmd, env=None, **kwargs):
+        seen.update(cmd=cmd, env=env)
+        return _Exited()
+
+    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    monkeypatch.setattr(demo, "wait_healthy", lambda *a, **k: None)
+    models = demo.DemoModels("target-dir", "draft-dir", trained=True)
+    with demo.running_server(models, ["--dcut-cache-dir", "c"], config="p.yaml", env=SERVER_ENV) as (base, _):
+        assert base.startswith("http://127.0.0.1:")
+    cmd = seen["cmd"]
+    assert cmd[cmd.index("--config") + 1] == "p.yaml" and cmd[cmd.index("--model-path") + 1] == "target-dir"
+    assert cmd[cmd.index("--speculative-draft-model-path") + 1] == "draft-dir" and cmd[-2:] == ["--dcut-cache-dir", "c"]
+    assert seen["env"]["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] == "1"
+    assert seen["env"]["SGLANG_USE_CPU_ENGINE"] == "1"  # still the CPU testbed environment
 
 
 def _soak(base: str, vocab: int, seconds: float) -> dict:
