@@ -37,8 +37,11 @@ the baseline's) and the tuned preset's acceptance verdict (tokens ratio <= 0.6 a
 tokens, think tokens and latency per variant with the oracle line; with ``--sweep`` also
 ``<png>_sweep.png``) are written.
 
-Budget: about 5-10 min for 200 problems x 3 variants x 2 repeats on 2 shared CPU cores (testbed
-models); ``--sweep 50`` adds about 3-5 min.
+``--replot JSON`` prints the tables of a saved ``--out`` file and redraws its plots (no engine).
+
+Budget: about 5 min for 200 problems x 3 variants x 2 repeats plus ``--sweep 50`` on 2 shared CPU
+cores (testbed models; measured 4.5 min at load average 5-7), most of it the engine launch and the
+six passes.
 """
 
 from __future__ import annotations
@@ -161,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also run all 7 methods x 4 smoothers on the first N problems (0: no sweep)")
     ap.add_argument("--out", default=DEFAULT_OUT, help="JSON file with the summary and every outcome")
     ap.add_argument("--png", default=DEFAULT_PNG, help="plot file (the sweep's plot is <png>_sweep.png)")
+    ap.add_argument("--replot", default=None, metavar="JSON",
+                    help="no engine: print the tables of a saved --out file and write its plots to --png")
     return ap
 
 
@@ -306,7 +311,8 @@ def format_table(summary: Mapping[str, object], variants: Sequence[str]) -> str:
         lines.append(f"tuned preset {summary.get('tuned_custom_params')}: tokens ratio {tuned['tokens_ratio']:.3f} "
                      f"(<= {MAX_TOKENS_RATIO}: {'yes' if acc['tokens_ratio_ok'] else 'NO'}), accuracy drop "
                      f"{tuned['accuracy_drop_points']:+.1f} points (<= {MAX_ACCURACY_DROP_POINTS:g}: "
-                     f"{'yes' if acc['accuracy_drop_ok'] else 'NO'}) -> acceptance {'MET' if acc['met'] else 'NOT MET'}")
+                     f"{'yes' if acc['accuracy_drop_ok'] else 'NO'}) -> acceptance "
+                     f"{'MET' if acc['met'] else 'NOT MET'}")
     return "\n".join(lines)
 
 
@@ -383,7 +389,7 @@ def _plot_sweep(sweep: Mapping[str, object], path: str) -> None:
         for j, s in enumerate(smoothers):
             r = cell[(m, s)]
             ax.text(j, i, f"{r['tokens_ratio']:.2f}\nacc {r['accuracy']:.2f}", ha="center", va="center", fontsize=8,
-                    color="white" if r["tokens_ratio"] < 0.5 else "black")
+                    color="black" if r["tokens_ratio"] < 0.35 else "white")
     ax.set_xticks(range(len(smoothers)), smoothers)
     ax.set_yticks(range(len(methods)), methods)
     fig.colorbar(im, ax=ax, label="output tokens / baseline")
@@ -442,10 +448,30 @@ def _run_sweep(loop, engine, tok, problems, prompts, max_new_tokens, concurrency
     return sweep, outcomes
 
 
+def report(summary: Mapping[str, object], variants: Sequence[str], png: Optional[str]) -> None:
+    """Print the tables of a finished run and write its plots (``png`` None: no plots)."""
+    print(format_table(summary, variants))
+    if png:
+        _plot(summary, variants, png)
+        print(f"plot: {os.path.relpath(png, REPO)}")
+    sweep = summary.get("sweep")
+    if sweep:
+        print()
+        print(format_sweep(sweep))
+        if png:
+            _plot_sweep(sweep, sweep_png_path(png))
+            print(f"plot: {os.path.relpath(sweep_png_path(png), REPO)}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     from sglang_ext.testbed.evaluate import CPU_DEFAULTS, _prepare_environment
 
     args = build_parser().parse_args(argv)
+    if args.replot:
+        with open(args.replot) as f:
+            saved = json.load(f)
+        report(saved, [v for v in VARIANTS if isinstance(saved.get(v), dict)], args.png)
+        return saved
     variants = [v for v in args.variants.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown:
@@ -511,9 +537,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
             summary[name] = summarize(outcomes[name], sum(w for _, w in timings[name]) / len(timings[name]))
             summary[name]["mean_latency_s"] = sum(lat for lat, _ in timings[name]) / len(timings[name])
             summary[name]["repeats"] = len(timings[name])
+            summary[name]["passes"] = [{"mean_latency_s": lat, "wall_s": w} for lat, w in timings[name]]
             summary[name]["before_answer_rate"] = before_answer_rate(outcomes[name], outcomes.get("baseline"))
         if args.sweep:
-            print(f"[specexit_eval] sweep: {len(sweep_combinations())} combinations + baseline on {args.sweep} problems",
+            print(f"[specexit_eval] sweep: {len(sweep_combinations())} combinations + baseline on {args.sweep} "
+                  "problems",
                   file=sys.stderr, flush=True)
             sweep, sweep_outcomes = _run_sweep(loop, engine, tok, problems[:args.sweep], prompts[:args.sweep],
                                                args.max_new_tokens, args.concurrency)
@@ -524,15 +552,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     compare(summary)
     if "baseline" in outcomes:
         summary["oracle_ratio"] = oracle_ratio(outcomes["baseline"])
-    print(format_table(summary, variants))
-    _plot(summary, variants, args.png)
-    print(f"plot: {os.path.relpath(args.png, REPO)}")
     if sweep is not None:
         summary["sweep"] = sweep
-        print()
-        print(format_sweep(sweep))
-        _plot_sweep(sweep, sweep_png_path(args.png))
-        print(f"plot: {os.path.relpath(sweep_png_path(args.png), REPO)}")
+    report(summary, variants, args.png)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         record = {**summary, "outcomes": {k: [asdict(o) for o in v] for k, v in outcomes.items()}}

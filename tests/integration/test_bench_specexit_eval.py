@@ -2,8 +2,8 @@
 
 One subprocess run of the script as a user runs it (``--n 4 --repeats 1 --sweep 1``: the three
 variants, then the 7 methods x 4 smoothers on one problem, all on one engine with the committed
-trained testbed models), checked against the raw per-request outcomes it saved; plus the
-argument checks that refuse to start (no engine).
+trained testbed models), checked against the raw per-request outcomes it saved, and ``--replot``
+of its JSON; plus the argument checks that refuse to start (no engine).
 
 Budget: < 2 min (one engine launch and ~45 short requests on a shared 2-core machine; the
 argument checks take a few seconds).
@@ -122,3 +122,10 @@ def test_script_end_to_end_small(tmp_path):
         assert row["mean_output_tokens"] == part[0]["output_tokens"]
     assert any(r["exited_rate"] > 0 for r in sweep["rows"])
     assert sweep["baseline"]["exited_rate"] == 0
+
+    # --replot: the same tables from the saved file, plots redrawn, no engine
+    again = _run("--replot", str(out), "--png", str(tmp_path / "again.png"), timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    tables = lambda text: [ln for ln in text.splitlines() if not ln.startswith(("plot:", "json:"))]  # noqa: E731
+    assert tables(again.stdout) == tables(res.stdout)
+    assert (tmp_path / "again_sweep.png").read_bytes()[:8] == PNG_MAGIC
