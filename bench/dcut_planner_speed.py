@@ -8,16 +8,22 @@ Times the pure planner (``sglang_ext.dcut``) on synthetic inputs, median of many
   topology -> path-product survival -> ``choose`` (auto), and separately the tree compaction
   plus the FULL_MASK build.
 
-Target (issue 4): well under 1 ms per step for the planner on CPU. Run:
+Target (issue 4): well under 1 ms per step for the planner on CPU. Prints one line per timed
+operation and saves a bar chart of the median and minimum times with the 1 ms target line (PNG,
+``--out``). Run:
 
     OMP_NUM_THREADS=1 python bench/dcut_planner_speed.py [--calls 300] [--threads 1]
+        [--out bench/out/dcut_planner_speed.png]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+from dataclasses import dataclass
+from typing import List, Tuple
 
 import torch
 
@@ -36,8 +42,24 @@ from sglang_ext.dcut import (
 )
 
 
-def _time_us(fn, calls: int, warmup: int = 20) -> str:
-    """Median and minimum wall time per call, in microseconds, as a fixed-width string.
+DEFAULT_OUT = os.path.join("bench", "out", "dcut_planner_speed.png")
+TARGET_US = 1000.0
+"""Issue 4's target for the planner: well under 1 ms per decode step."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and minimum wall time per call, in microseconds; prints as a fixed-width string."""
+
+    median_us: float
+    min_us: float
+
+    def __str__(self) -> str:
+        return f"median {self.median_us:8.1f} us  min {self.min_us:8.1f} us"
+
+
+def _time_us(fn, calls: int, warmup: int = 20) -> Timing:
+    """Median and minimum wall time per call, in microseconds.
 
     The minimum is the better estimate of the uncontended cost on a shared machine.
     """
@@ -48,7 +70,38 @@ def _time_us(fn, calls: int, warmup: int = 20) -> str:
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
-    return f"median {statistics.median(samples) * 1e6:8.1f} us  min {min(samples) * 1e6:8.1f} us"
+    return Timing(statistics.median(samples) * 1e6, min(samples) * 1e6)
+
+
+def _plot(rows: List[Tuple[str, Timing]], title: str, path: str) -> None:
+    """Horizontal bars of the median and minimum time per call, with the 1 ms target line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [label for label, _ in rows][::-1]
+    med = [t.median_us / 1000.0 for _, t in rows][::-1]
+    mins = [t.min_us / 1000.0 for _, t in rows][::-1]
+    y = list(range(len(rows)))
+    h = 0.38
+    fig, ax = plt.subplots(figsize=(9, 0.7 * len(rows) + 1.6))
+    ax.barh([v + h / 2 for v in y], med, height=h, color="tab:blue", label="median")
+    ax.barh([v - h / 2 for v in y], mins, height=h, color="tab:cyan", label="minimum")
+    for v, m, n in zip(y, med, mins):
+        ax.annotate(f"{m:.2f}", (m, v + h / 2), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.annotate(f"{n:.2f}", (n, v - h / 2), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+    ax.axvline(TARGET_US / 1000.0, color="tab:red", linestyle="--", linewidth=1.2, label="1 ms target")
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel("wall time per call (ms)")
+    ax.set_xlim(0, max(med + mins + [TARGET_US / 1000.0]) * 1.15)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _table(n: int, topk: int, steps: int) -> CostTable:
@@ -78,6 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", "--png", dest="out", default=DEFAULT_OUT, help="PNG path ('' for no plot)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -127,8 +181,8 @@ def main() -> None:
     t_tree = _time_us(tree_plan, args.calls)
     t_tree_compact = _time_us(tree_compact, args.calls)
 
-    print(f"D-Cut planner on CPU, torch {torch.__version__}, {args.threads} thread(s), "
-          f"median of {args.calls} calls")
+    header = f"D-Cut planner on CPU, torch {torch.__version__}, {args.threads} thread(s), median of {args.calls} calls"
+    print(header)
     print(f"  chains bs={bs} N={n}:  planner: survival + choose(auto)       {t_chain}  "
           f"(tier {plan.tier_index}, keep {plan.budget}/{bs * (n - 1)})")
     print(f"  chains bs={bs} N={n}:  planner: survival + choose(ratio 0.5)  {t_chain_fixed}")
@@ -136,6 +190,14 @@ def main() -> None:
     print(f"  trees  bs={bs} N={tn}:  planner: topology + survival + choose  {t_tree}  "
           f"(tier {tplan.tier_index}, keep {tplan.budget}/{bs * (tn - 1)})")
     print(f"  trees  bs={bs} N={tn}:  compaction + FULL_MASK (seq ~1k)       {t_tree_compact}")
+    if args.out:
+        rows = [(f"chains bs={bs} N={n}: survival + choose(auto)", t_chain),
+                (f"chains bs={bs} N={n}: survival + choose(ratio 0.5)", t_chain_fixed),
+                (f"chains bs={bs} N={n}: compaction", t_chain_compact),
+                (f"trees bs={bs} N={tn}: topology + survival + choose", t_tree),
+                (f"trees bs={bs} N={tn}: compaction + FULL_MASK", t_tree_compact)]
+        _plot(rows, header, args.out)
+        print(f"plot: {args.out}")
 
 
 if __name__ == "__main__":
