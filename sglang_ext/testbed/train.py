@@ -11,7 +11,7 @@ re-running the same command after an interruption resumes where it stopped.
 
 ``--threads`` (default 1) sets torch's intra-op threads. The committed weights were
 produced with one thread; float reductions split over another number of threads
-round differently, so reproducing them bit for bit needs ``--threads 1``.
+can round differently, so reproducing them bit for bit needs ``--threads 1``.
 ``--estimate-time`` times a few steps of every stage in the configuration of the run
 (full, or ``--quick``) and prints the projected time (:mod:`sglang_ext.testbed.timing`);
 it writes nothing into ``--out`` or the committed models.
