@@ -110,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads (default 1; the committed weights were trained with 1, "
-                         "and other counts change float reductions, hence the weights, slightly)")
+                         "and other counts can change float reductions, hence the weights, slightly)")
     ap.add_argument("--estimate-time", action="store_true",
                     help="do not train: time a few steps of every stage of this configuration and "
                          "print the projected time of the whole run (writes nothing)")
