@@ -22,8 +22,9 @@ Budget: CI tier < 3 min; slow tier < 3 min more (shared 2-core machine).
 
 from __future__ import annotations
 
-import collections
 import os
+import sys
+import time
 
 import pytest
 import torch
@@ -38,7 +39,11 @@ NUM_PROBLEMS = 50
 MAX_NEW = 256
 PARAGRAPH = 6  # "\n\n" in the project tokenizer (the only single-token step-split string)
 EOS = 2  # <|im_end|>
-TUNED = {"specexit_smoothing": "paragraph_mean", "specexit_window": 10}
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+sys.path.insert(0, BENCH)
+from specexit_eval import DEFAULT_TUNED, held_out_problems, preset_custom_params  # noqa: E402
+
+TUNED = preset_custom_params(DEFAULT_TUNED)  # the shipped preset configs/specexit_testbed_tuned.yaml
 OFF = {"specexit_enable": False}
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW}
 
@@ -49,11 +54,6 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def problems():
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
-    from specexit_eval import held_out_problems
-
     return held_out_problems(NUM_PROBLEMS, 2026)
 
 
@@ -207,17 +207,24 @@ def test_no_kv_leak_after_exits_and_aborts(chain, problems, tok):
     prompts = _prompts(tok, problems[:8])
 
     async def run():
-        never = dict(GREEDY, custom_params={"specexit_confidence_threshold": 1.0})
+        # ignore_eos keeps every request running to max_new_tokens, so the aborts below land
+        # while the first requests are still in their think span.
+        never = dict(GREEDY, ignore_eos=True, custom_params={"specexit_confidence_threshold": 1.0})
         rids = [f"trained-abort-{i}" for i in range(8)]
         jobs = [asyncio.ensure_future(eng.async_generate(input_ids=p, sampling_params=never, rid=r))
                 for p, r in zip(prompts, rids)]
+        deadline = time.monotonic() + 120
         while len(getattr(eng.tokenizer_manager.rid_to_state.get(rids[0]), "output_ids", [])) < 20:
-            await asyncio.sleep(0.05)
+            assert not any(j.done() for j in jobs), "a request finished before the aborts were sent"
+            assert time.monotonic() < deadline, "no output within 120 s"
+            await asyncio.sleep(0.02)
         for rid in rids[:4]:
             eng.tokenizer_manager.abort_request(rid=rid)
         return await asyncio.gather(*jobs, return_exceptions=True)
 
     results = eng.loop.run_until_complete(run())
-    assert all(isinstance(r, dict) and r["meta_info"]["finish_reason"]["type"] == "stop" for r in results[4:])
+    for r in results[:4]:
+        assert not isinstance(r, dict) or r["meta_info"]["finish_reason"]["type"] == "abort"
+    assert all(isinstance(r, dict) and r["meta_info"]["finish_reason"]["type"] == "length" for r in results[4:])
     end = _idle_pool(eng)
     assert end["running_requests"] == 0 and end["available_tokens"] == start["available_tokens"]
