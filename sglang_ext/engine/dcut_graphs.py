@@ -357,12 +357,10 @@ def dcut_verify_graph_runner_class() -> type:
 
     import copy
 
-    from sglang.srt.compilation import torch_compile_decoration
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.model_executor.runner.shape_key import ShapeKey
     from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
-    from sglang.srt.runtime_context import get_parallel
 
     from sglang_ext.engine.dcut_glue import make_ragged_layout
 
@@ -416,10 +414,9 @@ def dcut_verify_graph_runner_class() -> type:
             for key in reversed(keys):  # largest first: smaller graphs reuse the pool
                 self._dcut_capture_key = key
                 try:
-                    with torch_compile_decoration.patch_model(
-                        self.model_runner.model, False, num_tokens=key.num_tokens, tp_group=get_parallel().tp_group,
-                    ) as forward:
-                        self.capture_one_shape(key.batch_size, forward, stream_idx)
+                    # the plain forward: what SGLang's torch_compile_decoration.patch_model yields for a
+                    # batch size outside the compile set (tier graphs are never torch.compile'd)
+                    self.capture_one_shape(key.batch_size, self.model_runner.model.forward, stream_idx)
                 finally:
                     self._dcut_capture_key = None
                 captured.append(key)
