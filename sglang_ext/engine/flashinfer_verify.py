@@ -743,7 +743,7 @@ def flashinfer_dcut_backend_class() -> type:
             n = int(spec.draft_token_num)
             uniform = copy.copy(spec)
             uniform.ragged_verify_layout = None
-            uniform.custom_mask = None
+            uniform.custom_mask = _uniform_mask_placeholder(spec, forward_batch.req_pool_indices.device)
             upd = self.indices_updater_prefill
             window_kv_indices, window_kv_indptr, _, _ = uniform.generate_attn_arg_prefill(
                 req_pool_indices=forward_batch.req_pool_indices,
@@ -806,6 +806,25 @@ def flashinfer_dcut_backend_class() -> type:
     FlashInferDCutBackend.__qualname__ = "FlashInferDCutBackend"
     _backend_cls = FlashInferDCutBackend
     return _backend_cls
+
+
+_NEVER_SHORT_MASK_NUMEL = 1 << 62
+"""``numel()`` of the placeholder mask of the uniform window packing (see :func:`_uniform_mask_placeholder`)."""
+
+
+def _uniform_mask_placeholder(spec: Any, device: Any) -> Optional[torch.Tensor]:
+    """``custom_mask`` of the uniform copy whose ``generate_attn_arg_prefill`` packs the full windows.
+
+    ``EagleVerifyInput.generate_attn_arg_prefill`` reads ``self.custom_mask.numel()`` and pads a
+    short mask with a fresh all-true tensor (it fails on ``None``); only its window keys are used
+    here, so an EAGLE input gets a zero-stride view that is never short (no allocation, never read).
+    Other inputs (DFlash) accept ``None``.
+    """
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    if not isinstance(spec, EagleVerifyInput):
+        return None
+    return torch.ones(1, dtype=torch.bool, device=device).expand(_NEVER_SHORT_MASK_NUMEL)
 
 
 def _create_backend(model_runner):
