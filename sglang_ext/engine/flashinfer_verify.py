@@ -38,8 +38,13 @@ Worked example (bs = 2, N = 4, prefixes ``p = [2, 1]``; request 0 keeps nodes {0
     kv_indptr      [0, 4, 8]
     mask cells     2 * 4 + 3 * 4 = 20              mask_indptr [0, 8, 20]
 
-GPU status: the planning math is tested on CPU; the FlashInfer calls and the backend subclass are
-written for SGLang 0.5.23 / flashinfer-python 0.7.2 and have **not been run** on a GPU yet.
+The graphs themselves are captured and replayed by ``dcut_graphs.DCutVerifyGraphRunner`` (one
+TARGET_VERIFY graph per ``(bs, T)``, compacted steps padded to the smallest fitting one with
+zero-row padding requests), which plans through this backend.
+
+GPU status: the planning math is tested on CPU; the FlashInfer calls, the backend subclass and the
+tier-graph runner are written for SGLang 0.5.23 / flashinfer-python 0.7.2 and have **not been run**
+on a GPU yet.
 """
 
 from __future__ import annotations

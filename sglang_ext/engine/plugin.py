@@ -17,6 +17,7 @@ target                                                                 type    p
 ``sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker`` AROUND  worker subclass swap
 ``sglang.srt.speculative.eagle_utils.default_tree_mask_mode``           AROUND  FULL mask for triton on CPU
 ``sglang.srt.arg_groups.platform_hook.handle_cpu_backends``             BEFORE  torch_sdpa default on CPU testbed
+``...model_runner.ModelRunner._decode_cuda_graph_runner_cls`` (CUDA)     AROUND  D-Cut tier verify graphs
 =====================================================================  ======  =======================
 
 plus the CPU testbed's torch attention backend registration (``engine/cpu/torch_backend.py``).
@@ -293,6 +294,9 @@ def register_hooks() -> None:
         from sglang_ext.engine.flashinfer_verify import register as register_flashinfer_dcut
 
         register_flashinfer_dcut()
+        from sglang_ext.engine.dcut_graphs import register_hooks as register_dcut_graph_hooks  # [dcut_graphs]
+
+        register_dcut_graph_hooks()  # one verify graph per (bs, tier) (patches/dcut_graph_runner.md)
     _registered = True
 
 

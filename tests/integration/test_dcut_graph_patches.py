@@ -145,6 +145,24 @@ def test_hook_registration_idempotent():
     assert hooks.count(dg._around_decode_cuda_graph_runner_cls) == 1
 
 
+def test_plugin_registers_the_hook_on_cuda_and_it_is_documented():
+    import os
+
+    from sglang_ext.engine import plugin
+
+    src = inspect.getsource(plugin.register_hooks)
+    cuda_block = src[src.index("if torch.cuda.is_available():"):]
+    assert "register_dcut_graph_hooks()" in cuda_block  # only where the flashinfer_dcut backend can exist
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "patches")
+    index = open(os.path.join(root, "INDEX.md")).read()
+    assert dg.HOOK_DECODE_GRAPH_RUNNER_CLS in index and "dcut_graph_runner.md" in index
+    text = open(os.path.join(root, "dcut_graph_runner.md")).read()
+    for part in ("**Target:**", "**Why:**", "**How:**", "**Upstream:**", "**Removal:**", "**Drift guard:**"):
+        assert part in text, part
+    for test in ("test_hook_target", "test_decode_graph_runner_internals", "test_registry_padding_policies"):
+        assert test in text and test in globals()
+
+
 def _model_runner(*, dcut="auto", draft=False, speculative=True, backend=None):
     from sglang_ext.config import DCutConfig, ExtensionConfig, SpecExitConfig
     from sglang_ext.engine.plugin import attach_extension_config
