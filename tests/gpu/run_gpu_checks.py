@@ -6,7 +6,7 @@ Needs only torch (CUDA), flashinfer-python and this repository (no SGLang instal
     bash tests/gpu/run_gpu_checks.sh                 # on one H200: ~8 min budget, results in bench/results/
     python tests/gpu/run_gpu_checks.py --dry-run --out DIR      # tiny shapes on CPU (what CI runs)
 
-Parts (run in the order a, b-dense, c, b-MoE; each skipped with its reason when the time budget
+Parts (run in the order a, a2, b-dense, c, b-MoE; each skipped with its reason when the time budget
 runs out; if FlashInfer cannot run, (b)/(c) fall back to the torch backend's SDPA, labelled so):
 
 (a) **correctness** -- random pruned trees (EAGLE-style, custom mask) and prefix-cut chains
@@ -18,6 +18,10 @@ runs out; if FlashInfer cannot run, (b)/(c) fall back to the torch backend's SDP
     verification (``verify_tree_greedy_cpu``, the project's torch port of SGLang's kernel) on the
     vocabulary logits of both accepts exactly the same nodes (rows whose top-2 logit gap is below
     the numeric tolerance are reported and left out, never silently);
+(a2) **padded replay** (``sglang_ext.engine.dcut_graphs``) -- steps of fewer requests than the
+    graph replayed from the smallest fitting ``(bs, T)`` tier graph, padded as the D-Cut tier-graph
+    runner does (zero-row padding requests, rows past the last request with garbage): real rows equal
+    the torch backend's math in bf16 within tolerance;
 (c) **planner overhead** per step at bs = 64 (chains N = 16 and trees N = 16): scores, tier choice,
     compaction, mask and FlashInfer planning, each timed;
 (b) **verify-cost curves** of a Qwen3-8B-shaped dense stack with random weights (and a
@@ -418,6 +422,81 @@ def check_correctness(cfg: Config, attn: VerifyAttention, deadline: float, log) 
     res["passed"] = not res["failures"] and res["accept_mismatch"] == 0 and res["cases"] > 0
     return res
 
+
+
+def check_padded_replay(cfg: Config, attn: VerifyAttention, deadline: float, log) -> Dict[str, Any]:
+    """(a2) A compacted step replayed from a *larger* tier graph, as ``DCutVerifyGraphRunner`` does.
+
+    Graphs are captured for the largest check batch size ``bs_g`` only (``dcut_graphs.tier_graph_keys``);
+    steps of fewer requests pick theirs with ``TierGraphTable.lookup`` and are padded with
+    ``pad_ragged_layout``: zero-row padding requests whose keys are the fill-value prefix (1) of request
+    row 0 (what SGLang's registry puts in padded request slots), and rows past the last request filled
+    with garbage. The real rows must equal the torch backend's attention; padding rows are not compared.
+    """
+    from sglang_ext.engine import dcut_graphs as dg  # pure part (no SGLang import)
+
+    dev, dt = cfg.device, torch.bfloat16
+    hq, hkv, d = cfg.heads_q, cfg.heads_kv, cfg.head_dim
+    sm = d ** -0.5
+    bs_g = max(cfg.check_batch_sizes)
+    raw_sizes = sorted({max(1, bs_g // 2), bs_g - 1} - {bs_g}) or [bs_g]
+    ctx = cfg.max_prefix + max(cfg.check_draft_tokens) + 1
+    gen = torch.Generator().manual_seed(2468)
+    r2t = (torch.randperm(bs_g * ctx, generator=gen) + 1).view(bs_g, ctx).to(torch.int32)  # slot 0 = sink
+    slots = bs_g * ctx + 1
+    dev_gen = torch.Generator(device=dev).manual_seed(8642)
+    k_cache = torch.empty(slots, hkv, d, dtype=dt, device=dev).normal_(generator=dev_gen)
+    v_cache = torch.empty(slots, hkv, d, dtype=dt, device=dev).normal_(generator=dev_gen)
+    res: Dict[str, Any] = dict(cases=0, graphs=0, max_err=0.0, padded_requests=0, padded_rows=0, no_graph=0,
+                               failures=[])
+    for n in cfg.check_draft_tokens:
+        for tree in (True, False):
+            table = dg.TierGraphTable(dg.tier_graph_keys([bs_g], n, cfg.tiers, masked=tree))
+            graphs: Dict[Any, Tuple[GraphAttention, Graph, torch.Tensor]] = {}
+            for raw_bs in raw_sizes:
+                for ratio in cfg.tiers[:-1]:
+                    if time.monotonic() > deadline:
+                        res["skipped"] = "time budget"
+                        return res
+                    c = make_case(cfg, gen, raw_bs, n, tree, ratio, r2t, k_cache, v_cache)
+                    key = table.lookup(raw_bs, c.width, tree)
+                    if key is None:
+                        res["no_graph"] += 1
+                        continue
+                    if key not in graphs:
+                        g_attn = attn.graph(key.batch_size, key.num_tokens, use_mask=tree)
+                        q_static = torch.zeros(key.num_tokens, hq, d, dtype=dt, device=dev)
+                        g_attn.plan(capture_plan(key.batch_size, n, key.num_tokens, tree, dev), hq, hkv, d, dt, sm)
+                        graphs[key] = (g_attn, Graph(lambda g=g_attn, q=q_static: g.run(q, k_cache, v_cache), dev),
+                                       q_static)
+                        res["graphs"] += 1
+                    g_attn, graph, q_static = graphs[key]
+                    total = int(c.ct.counts.sum())
+                    lay = dg.pad_ragged_layout(c.ct.qo_indptr.to(dev), key.batch_size, key.num_tokens)
+                    pad = key.batch_size - raw_bs
+                    rp_pad = torch.cat([c.rp, torch.zeros(pad, dtype=c.rp.dtype)]).to(dev)
+                    p_pad = torch.cat([c.prefix, torch.ones(pad, dtype=c.prefix.dtype)]).to(dev)
+                    wip, wkv = fv.window_kv(r2t.to(dev), rp_pad, p_pad, n)
+                    cols = fv.kept_cols_from_index(c.ct.kept_index, n).to(dev)
+                    plan = fv.plan_verify(wip, wkv, p_pad, lay.qo_indptr, cols,
+                                          None if c.mask is None else c.mask.to(dev), num_tokens=key.num_tokens)
+                    g_attn.plan(plan, hq, hkv, d, dt, sm)
+                    q_static.normal_()
+                    q_static[:total] = c.q[:total]
+                    out = graph.replay()
+                    ref = run_plan(c.ref_plan, c.q, c.k, c.v, k_cache, v_cache, scaling=sm)
+                    err = float((out[:total].float() - ref[:total].float()).abs().max())
+                    res["max_err"] = max(res["max_err"], err)
+                    res["cases"] += 1
+                    res["padded_requests"] += pad
+                    res["padded_rows"] += key.num_tokens - total
+                    if err > BF16_ATOL or not math.isfinite(err):
+                        res["failures"].append(dict(n=n, tree=tree, raw_bs=raw_bs, ratio=ratio, width=c.width,
+                                                    graph=[key.batch_size, key.num_tokens], err=err))
+            log(f"(a2) N={n} {'tree ' if tree else 'chain'}: {len(graphs)} graphs at bs {bs_g}, "
+                f"max err {res['max_err']:.2e}")
+    res["passed"] = not res["failures"] and res["cases"] > 0 and res["padded_requests"] > 0
+    return res
 
 # ----------------------------------------------------------------------------- model stacks for (b)
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -857,6 +936,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if mode != "torch":
         a_res = run_part("a_correctness", lambda: check_correctness(cfg, attn, deadline, log))
+        run_part("a2_padded_replay", lambda: check_padded_replay(cfg, attn, deadline, log))  # [dcut_graphs]
         if a_res.get("error") and mode == "flashinfer":  # e.g. no JIT toolchain: keep the cost curves
             attn = VerifyAttention(cfg, "torch")
             summary["attention"] = "torch (FlashInfer failed in (a))"

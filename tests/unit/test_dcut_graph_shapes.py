@@ -236,3 +236,44 @@ def test_env_switch():
     assert dg.tier_graphs_enabled({}) and dg.tier_graphs_enabled({dg.TIER_GRAPHS_ENV: "1"})
     for off in ("0", "false", "OFF", " no "):
         assert not dg.tier_graphs_enabled({dg.TIER_GRAPHS_ENV: off})
+
+
+# ----------------------------------------------------------------------------- GPU script part (a2), CPU dry run
+def _gpu_script():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "gpu", "run_gpu_checks.py")
+    spec = importlib.util.spec_from_file_location("run_gpu_checks_a2", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve their module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_script_padded_replay_dry_run(monkeypatch):
+    """Part (a2) of ``tests/gpu/run_gpu_checks.py`` on CPU (reference attention in place of FlashInfer):
+    steps of fewer requests replayed from the bs-4 tier graphs match the torch backend; a padding that
+    shifts the real requests (padding requests first) is caught."""
+    rgc = _gpu_script()
+    cfg = rgc.make_config(dry_run=True, quick=False)
+    attn = rgc.VerifyAttention(cfg, "reference")
+    res = rgc.check_padded_replay(cfg, attn, float("inf"), lambda msg: None)
+    assert res["passed"] and res["cases"] == 24 and res["no_graph"] == 0 and not res["failures"]
+    assert res["padded_requests"] > 0 and res["padded_rows"] > 0 and res["max_err"] < rgc.BF16_ATOL
+
+    real = dg.pad_ragged_layout
+
+    def padding_first(qo_indptr, batch_size, num_tokens):
+        lay = real(qo_indptr, batch_size, num_tokens)
+        pad = batch_size - (qo_indptr.shape[0] - 1)
+        qo = torch.cat([torch.zeros(pad, dtype=torch.int32), lay.qo_indptr[: batch_size + 1 - pad]])
+        return dg.PaddedLayout(verify_lens=qo[1:] - qo[:-1], qo_indptr=qo, num_tokens=num_tokens)
+
+    monkeypatch.setattr(dg, "pad_ragged_layout", padding_first)
+    try:  # wrong rows, or a plan that cannot be built (the script records either as a failed part)
+        bad = rgc.check_padded_replay(cfg, attn, float("inf"), lambda msg: None)
+        caught = not bad["passed"] and bool(bad["failures"])
+    except RuntimeError:
+        caught = True
+    assert caught
