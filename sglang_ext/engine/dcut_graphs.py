@@ -59,7 +59,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -247,18 +247,26 @@ def capture_layout(batch_size: int, num_draft_tokens: int, num_tokens: int, devi
     return PaddedLayout(verify_lens=counts, qo_indptr=qo, num_tokens=int(num_tokens))
 
 
-def capture_mask(counts: Sequence[int], prefix_len: int, device: Any = "cpu") -> torch.Tensor:  # [sum q(p+q)] bool
-    """All-true FULL-layout mask for a capture batch (``q_b`` rows over ``prefix_len + q_b`` keys each).
+def capture_mask(
+    counts: Sequence[int], prefix_lens: Union[int, Sequence[int]], device: Any = "cpu"
+) -> torch.Tensor:  # [sum_b q_b * (p_b + q_b)] bool
+    """All-true FULL-layout mask for a capture batch (``q_b`` rows over ``p_b + q_b`` keys each).
 
-    Its values do not matter for the capture (every replay re-plans the mask); its length must match
-    the capture plan's keys.
+    ``prefix_lens`` is one length for every request (SGLang's ``seq_len_fill_value``) or one per
+    request. Its values do not matter for the capture (every replay re-plans the mask); its length
+    must match the capture plan's keys.
 
     Examples
     --------
     >>> capture_mask([2, 1], 1).shape  # 2 * 3 + 1 * 2 cells
     torch.Size([8])
+    >>> capture_mask([2, 1], [1, 4]).shape  # 2 * 3 + 1 * 5 cells
+    torch.Size([11])
     """
-    cells = sum(int(q) * (int(prefix_len) + int(q)) for q in counts)
+    p = [int(prefix_lens)] * len(counts) if isinstance(prefix_lens, int) else [int(x) for x in prefix_lens]
+    if len(p) != len(counts):
+        raise ValueError(f"{len(counts)} row counts but {len(p)} prefix lengths")
+    cells = sum(int(q) * (pb + int(q)) for q, pb in zip(counts, p))
     return torch.ones(cells, dtype=torch.bool, device=device)
 
 
@@ -435,8 +443,8 @@ def dcut_verify_graph_runner_class() -> type:
             spec = fb.spec_info
             spec.ragged_verify_layout = make_ragged_layout(lay.verify_lens, lay.qo_indptr, key.num_tokens)
             counts = capture_counts(key.batch_size, self.captured_req_width, key.num_tokens)
-            spec.custom_mask = (capture_mask(counts, self.seq_len_fill_value, device=fb.input_ids.device)
-                                if key.masked else None)
+            prefix = fb.seq_lens[: key.batch_size].tolist()  # SGLang's fill value (capture time: a sync is fine)
+            spec.custom_mask = capture_mask(counts, prefix, device=fb.input_ids.device) if key.masked else None
             return fb, attn_backend, pp
 
         def _make_graph_key(self, size, stream_idx=None, variant_label=None, attention_variant=None):

@@ -408,6 +408,7 @@ def test_capture_of_tier_graphs(monkeypatch):
     r2t = torch.arange(1, MAX_BS * 16 + 1).view(MAX_BS, 16)
     wrapper, asked = _Wrapper(), []
     r = _runner(_backend(r2t, wrapper, asked), dg.TierGraphTable())
+    CAPTURE_SEQ = 2  # noqa: N806 -- what SGLang's capture batch holds (its fill value; 2 here to tell them apart)
     events = []
     monkeypatch.setattr(DecodeCudaGraphRunner, "_capture_one_stream", lambda self, stream_idx=None: events.append(
         ("uniform", stream_idx)))
@@ -416,7 +417,8 @@ def test_capture_of_tier_graphs(monkeypatch):
         fb = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=size,
                              input_ids=torch.zeros(num_tokens, dtype=torch.long),
                              req_pool_indices=torch.zeros(size, dtype=torch.long),
-                             seq_lens=torch.full((size,), FILL), seq_lens_sum=FILL * size, kv_loc_plan=None,
+                             seq_lens=torch.full((size,), CAPTURE_SEQ), seq_lens_sum=CAPTURE_SEQ * size,
+                             kv_loc_plan=None,
                              kv_loc_cols=None, spec_info=_eagle_spec(N, num_tokens, torch.ones(1, dtype=torch.bool)))
         events.append(("prepare", size, num_tokens))
         return fb, "backend", None
@@ -443,7 +445,7 @@ def test_capture_of_tier_graphs(monkeypatch):
     for (qo, kv_ip, kv_idx, *_), kw in wrapper.plans:  # each capture plan has exactly T rows, a valid mask
         t = int(qo[-1])
         assert t in {k.num_tokens for k in keys} and kw["custom_mask"].numel() == dg.capture_mask(
-            (qo[1:] - qo[:-1]).tolist(), FILL).numel()
+            (qo[1:] - qo[:-1]).tolist(), CAPTURE_SEQ).numel()  # prefix = the capture batch's seq_lens
     assert r._make_graph_key(4) == ShapeKey(size=4)  # outside a tier capture: SGLang's key
 
     # an unsupported configuration captures SGLang's graphs only

@@ -194,6 +194,10 @@ def test_capture_layout_and_mask():
                     m = dg.capture_mask(c, fill)
                     assert m.dtype == torch.bool and bool(m.all())
                     assert m.numel() == sum(q * (fill + q) for q in c)
+                per_req = list(range(1, bs + 1))
+                assert dg.capture_mask(c, per_req).numel() == sum(q * (p + q) for q, p in zip(c, per_req))
+                with pytest.raises(ValueError):
+                    dg.capture_mask(c, per_req + [1])
             with pytest.raises(ValueError):
                 dg.capture_layout(bs, n, bs * n + 1)
             with pytest.raises(ValueError):
