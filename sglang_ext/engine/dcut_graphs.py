@@ -417,6 +417,7 @@ def dcut_verify_graph_runner_class() -> type:
                             self.dcut_unsupported)
                 return
             keys = tier_graph_keys(self.capture_bs, self.captured_req_width, self.dcut_tiers, self.dcut_masked)
+            logger.info("D-Cut: capturing %d tier verify graphs after SGLang's %d", len(keys), len(self.capture_bs))
             t0 = time.perf_counter()
             captured: List[TierGraphKey] = []
             for key in reversed(keys):  # largest first: smaller graphs reuse the pool
