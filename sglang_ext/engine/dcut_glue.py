@@ -227,12 +227,23 @@ class StepTiming:
     (1, 1.0, [0, 0, 1, 0, 1])
     """
 
-    num_draft_tokens: int
+    num_draft_tokens: int = 0  # histogram length N + 1 (grows with the accept lengths seen)
     steps: int = 0
     step_s: float = 0.0
     part_s: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in STEP_PARTS})
     _pending: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in STEP_PARTS})
     accept_hist: List[int] = field(default_factory=list)
+    survival_sum: List[float] = field(default_factory=list)  # per draft position, sum over requests
+    survival_rows: int = 0
+
+    def add_survival(self, draft_survival: torch.Tensor) -> None:  # [batch_size, N - 1]
+        """Add the planner's predicted chain survival of each draft position (calibration check)."""
+        col = draft_survival.detach().float().sum(dim=0).tolist()
+        if len(self.survival_sum) < len(col):
+            self.survival_sum = self.survival_sum + [0.0] * (len(col) - len(self.survival_sum))
+        for i, v in enumerate(col):
+            self.survival_sum[i] += v
+        self.survival_rows += int(draft_survival.shape[0])
 
     def add(self, part: str, seconds: float) -> None:
         """Add ``seconds`` to ``part`` of the step in progress."""
@@ -249,20 +260,26 @@ class StepTiming:
             self.steps += 1
         self._pending = {p: 0.0 for p in STEP_PARTS}
         if accept_lens is not None:
-            if len(self.accept_hist) < self.num_draft_tokens + 1:
-                self.accept_hist = self.accept_hist + [0] * (self.num_draft_tokens + 1 - len(self.accept_hist))
-            for a in (accept_lens.tolist() if hasattr(accept_lens, "tolist") else accept_lens):
-                self.accept_hist[min(max(int(a), 0), self.num_draft_tokens)] += 1
+            lens = [max(int(a), 0) for a in (accept_lens.tolist() if hasattr(accept_lens, "tolist") else accept_lens)]
+            size = max([self.num_draft_tokens] + lens) + 1
+            if len(self.accept_hist) < size:
+                self.accept_hist = self.accept_hist + [0] * (size - len(self.accept_hist))
+            for a in lens:
+                self.accept_hist[a] += 1
 
     def summary(self) -> Dict[str, Any]:
         """JSON-able totals: ``steps``, ``step_ms`` (mean interval), ``ms_per_step`` per part,
-        ``accept_length_histogram`` (index = accept length incl. bonus)."""
+        ``accept_length_histogram`` (index = accept length incl. bonus), and the planner's
+        predicted survival per draft position summed over ``predicted_survival_rows`` requests
+        (chains only; position k's mean compares with P(accept length >= k + 1))."""
         k = max(self.steps, 1)
         return {
             "steps": self.steps,
             "step_ms": self.step_s * 1e3 / k,
             "ms_per_step": {p: v * 1e3 / k for p, v in self.part_s.items()},
             "accept_length_histogram": list(self.accept_hist),
+            "predicted_survival_sum": list(self.survival_sum),
+            "predicted_survival_rows": self.survival_rows,
         }
 
 
@@ -287,11 +304,16 @@ class DCutMetrics:
     _accepted_host: int = 0
     _last: Optional[StepDecision] = None
     _last_time: Optional[float] = None
-    timing: Optional[StepTiming] = None  # set when TIMING_ENV is on
+    timing: Optional[StepTiming] = None  # created when TIMING_ENV is on
+
+    def __post_init__(self) -> None:
+        if self.timing is None and os.environ.get(TIMING_ENV, "0") not in ("", "0"):
+            self.timing = StepTiming()
 
     def record(self, d: StepDecision, accept_lens: Optional[torch.Tensor]) -> None:  # accept_lens: [batch_size]
         now = time.perf_counter()
         if self.timing is not None:
+            self.timing.num_draft_tokens = max(self.timing.num_draft_tokens, d.num_draft_tokens)
             gap = None if self._last_time is None else now - self._last_time
             self.timing.end_step(gap if gap is not None and gap < _MAX_STEP_GAP_S else None, accept_lens)
         if self._last is not None and self._last_time is not None:
@@ -607,9 +629,9 @@ class DCutRunner:
         self.unsupported = _unsupported_reason(worker)
         if self.unsupported is not None:
             logger.warning("D-Cut disabled: not supported with %s (full verification is used)", self.unsupported)
-        if os.environ.get(TIMING_ENV, "0") not in ("", "0"):
-            self.metrics.timing = StepTiming(self.num_draft_tokens)
-            _install_step_timers(worker, self.metrics.timing)
+        if self.metrics.timing is not None:
+            # the timers read the current metrics' timing (the profiler replaces the metrics)
+            _install_step_timers(worker, lambda: self.metrics.timing)
 
     # ------------------------------------------------------------------ launch
     def init_after_graphs(self, worker: Any) -> None:
@@ -759,6 +781,8 @@ class DCutRunner:
             s = scores.draft_survival
         if sub is not None:
             s = s.index_select(0, sub)
+        if self.metrics.timing is not None and not scores.is_tree:
+            self.metrics.timing.add_survival(s)
         plan = choose(s, self.cost_table, self.tiers, self._mode(), topology=topology, num_draft_tokens=n)
 
         nb = len(cand)
@@ -818,8 +842,9 @@ def _timed_now(device: Any) -> float:
     return time.perf_counter()
 
 
-def _install_step_timers(worker: Any, timing: StepTiming) -> None:
-    """Wrap draft, draft extend and the target verify forward with timers (instance attributes)."""
+def _install_step_timers(worker: Any, timing_of: Callable[[], Optional[StepTiming]]) -> None:
+    """Wrap draft, draft extend and the target verify forward with timers (instance attributes);
+    ``timing_of()`` gives the :class:`StepTiming` to add to (None: not timed)."""
 
     def wrap(obj: Any, name: str, part: str, only_verify: bool = False) -> None:
         original = getattr(obj, name, None)
@@ -829,7 +854,8 @@ def _install_step_timers(worker: Any, timing: StepTiming) -> None:
         device = torch.device(device) if isinstance(device, str) else device
 
         def timed(*args, **kwargs):
-            if only_verify and not kwargs.get("is_verify", False):
+            timing = timing_of()
+            if timing is None or (only_verify and not kwargs.get("is_verify", False)):
                 return original(*args, **kwargs)
             t = _timed_now(device)
             try:

@@ -17,7 +17,7 @@ greedy, up to 256 new tokens, stopping at EOS.
 Checks per (configuration, mode): output ids equal the full-verify output token for token (and
 so do finish reasons); for ratios < 1 pruning really happened (pruned steps counted, fewer
 verified than full-width tokens) and never for 1.0; after the runs every KV slot the requests
-held is back (free + evictable).
+held is back (free + evictable). The CI engine also checks the opt-in per-step time split.
 
 * CI tier: EAGLE3 chain 15 steps / 16 draft tokens, 16 problems, modes full, auto, 0.5.
 * Slow tier: 50 problems; chain 7 / 8 tokens, chain 15 / 16 tokens, tree topk 2 (3 steps,
@@ -145,16 +145,42 @@ def _first_diff(a, b):
 
 # ----------------------------------------------------------------------------- CI tier
 def test_lossless_chain16_ci(tmp_path):
-    """16 held-out problems, chain 15 steps / 16 draft tokens: auto and tier 0.5 == full verify."""
+    """16 held-out problems, chain 15 steps / 16 draft tokens: auto and tier 0.5 == full verify.
+
+    The engine also runs with the per-step time split on (``SGLANG_EXT_DCUT_TIMING``, what
+    ``bench/dcut_throughput.py`` reads): its accept-length histogram must account for exactly the
+    accepted tokens the metrics counted, and its parts must be real times.
+    """
+    from sglang_ext.engine.dcut_glue import TIMING_ENV
+
     prompts = _prompts(16)
-    eng = _launch(tmp_path, topk=1, steps=15, n=16)
+    os.environ[TIMING_ENV] = "1"  # inherited by the scheduler process
+    try:
+        eng = _launch(tmp_path, topk=1, steps=15, n=16)
+    finally:
+        os.environ.pop(TIMING_ENV, None)
     try:
         seen = check_lossless(eng, prompts, (AUTO, 0.5))
+        metrics = _state(eng)["metrics"]
     finally:
         eng.shutdown()
     # a fixed ratio keeps at most ceil(bs * N * ratio) rows per step
     half = seen[0.5]
     assert half["verified_tokens"] <= half["full_tokens"] * 0.5 + half["steps"]
+
+    timing = metrics["step_timing"]
+    hist = timing["accept_length_histogram"]
+    assert len(hist) == 17 and hist[0] == 0
+    assert sum(i * c for i, c in enumerate(hist)) == metrics["accepted_tokens"]
+    assert 0 < timing["steps"] <= metrics["steps"]
+    parts = timing["ms_per_step"]
+    assert all(v >= 0 for v in parts.values())
+    assert parts["draft"] > 0 and parts["target_forward"] > 0 and parts["draft_extend"] > 0
+    assert sum(parts.values()) == pytest.approx(timing["step_ms"], rel=1e-6)
+    rows = timing["predicted_survival_rows"]
+    surv = [v / rows for v in timing["predicted_survival_sum"]]
+    assert rows > 0 and len(surv) == 15
+    assert all(0.0 <= b <= a + 1e-6 <= 1.0 + 2e-6 for a, b in zip(surv, surv[1:])), surv  # chain survival
 
 
 # ----------------------------------------------------------------------------- slow tier
