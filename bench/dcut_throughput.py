@@ -207,6 +207,9 @@ def run_bench(args) -> dict:
     from sglang_ext.engine.dcut_client import dcut_info, dcut_states, set_force_ratio
 
     args.bs_list = [int(b) for b in args.batch_sizes.split(",")]
+    if not args.no_timing:
+        # before the first engine: SGLang's later subprocesses may not see later changes
+        os.environ[TIMING_ENV] = "1"
     target, draft, kind = _resolve_models(args)
     if args.max_new_tokens is None:
         args.max_new_tokens = 128 if kind == "problems" else 64
@@ -229,15 +232,10 @@ def run_bench(args) -> dict:
         extra["dcut_cost_table"] = args.cost_table
     if args.profile_steps:
         extra["dcut_profile_steps"] = args.profile_steps
-    if not args.no_timing:
-        os.environ[TIMING_ENV] = "1"  # inherited by the scheduler process
     t0 = time.perf_counter()
-    try:
-        eng = _engine(target, args, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                      speculative_num_steps=args.num_steps, speculative_eagle_topk=args.topk,
-                      speculative_num_draft_tokens=args.num_draft_tokens, dcut="auto", **extra)
-    finally:
-        os.environ.pop(TIMING_ENV, None)
+    eng = _engine(target, args, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+                  speculative_num_steps=args.num_steps, speculative_eagle_topk=args.topk,
+                  speculative_num_draft_tokens=args.num_draft_tokens, dcut="auto", **extra)
     startup = time.perf_counter() - t0
     print(f"  EAGLE3 --dcut auto engine up in {startup:.1f} s", flush=True)
 
@@ -279,6 +277,10 @@ def _delta(before: dict, after: dict) -> dict:
                               for k, v in ta["ms_per_step"].items()}
         hb = tb["accept_length_histogram"] if tb else []
         d["accept_hist"] = [v - (hb[i] if i < len(hb) else 0) for i, v in enumerate(ta["accept_length_histogram"])]
+        sb = tb.get("predicted_survival_sum", []) if tb else []
+        d["survival_sum"] = [v - (sb[i] if i < len(sb) else 0.0)
+                             for i, v in enumerate(ta.get("predicted_survival_sum", []))]
+        d["survival_rows"] = ta.get("predicted_survival_rows", 0) - (tb.get("predicted_survival_rows", 0) if tb else 0)
     return d
 
 
@@ -310,6 +312,9 @@ def _merge(runs: List[dict]) -> dict:
         out["mean_accept_length"] = sum(i * c for i, c in enumerate(hist)) / n
         # P(accept length >= k), k = 1..N: the survival of the k-th chain position (bonus at k = 1)
         out["accept_survival"] = [sum(hist[k:]) / n for k in range(1, len(hist))]
+    if out.get("survival_rows"):
+        # the planner's predicted P(draft k accepted) = P(accept length >= k + 1), k = 1..N-1
+        out["predicted_survival"] = [v / out["survival_rows"] for v in out["survival_sum"]]
     return out
 
 
@@ -335,6 +340,20 @@ def report(res: dict, out_png: str = None) -> None:
     for name, fn in rows:
         print(f"{name:<12}" + "".join(f"{fn(b):>10.2f}" for b in bs_list))
     st = res.get("dcut") or {}
+    eff = _step_efficiency(st, bs_list)
+    if eff:
+        print("\ndecode-step efficiency ratios (accepted tokens per ms of timed decode steps, all repeats;"
+              " mean over repeats, prefill excluded)")
+        for name, (num, den) in (("auto/full", ("auto", "full")), ("auto/best", ("auto", None)),
+                                 ("best/full", (None, "full"))):
+            vals = []
+            for b in bs_list:
+                e = eff[b]
+                best = max((e[m] for m in ("r0.25", "r0.5", "r0.75") if e.get(m)), default=None)
+                a = e.get(num) if num else best
+                c = e.get(den) if den else best
+                vals.append(a / c if a and c else float("nan"))
+            print(f"{name:<12}" + "".join(f"{v:>10.2f}" for v in vals))
     if st and all(isinstance(v, dict) and (not v or _k(v, bs_list[0]) in v) for v in st.values()):
         _report_steps(st, bs_list)
     elif st.get("auto"):  # results of the earlier format (one entry per mode)
@@ -347,6 +366,20 @@ def report(res: dict, out_png: str = None) -> None:
     if out_png:
         _plot(res, bs_list, modes, out_png)
         print(f"plot: {out_png}")
+
+
+def _step_efficiency(st: dict, bs_list: List[int]) -> dict:
+    """{bs: {mode: accepted tokens per ms of timed decode steps}} (empty without the time split)."""
+    out = {}
+    for b in bs_list:
+        row = {}
+        for m in MODES:
+            r = (st.get(m) or {}).get(_k(st.get(m) or {}, b)) or {}
+            if isinstance(r, dict) and r.get("ms_total") and r.get("timed_steps", 0) >= 0.9 * r.get("steps", 0):
+                row[m] = r["accepted_tokens"] / (r["ms_total"] * r["steps"] / r["timed_steps"])
+        if row:
+            out[b] = row
+    return out if len(out) == len(bs_list) else {}
 
 
 def _report_steps(st: dict, bs_list: List[int]) -> None:
@@ -367,6 +400,10 @@ def _report_steps(st: dict, bs_list: List[int]) -> None:
                 picks = [k for k in (2, 4, 8, 12, 16) if k <= len(sv)]
                 print(f"  bs={b:>3}: mean {f['mean_accept_length']:.2f}  "
                       + "  ".join(f"P(>={k}) {sv[k - 1]:.2f}" for k in picks))
+                pr = f.get("predicted_survival")
+                if pr:  # pr[k - 2] predicts P(len >= k)
+                    print(f"        predicted by the draft's confidences: mean {1 + sum(pr):.2f}  "
+                          + "  ".join(f"P(>={k}) {pr[k - 2]:.2f}" for k in picks if 0 <= k - 2 < len(pr)))
     if any(g(m, b).get("ms_per_step") for m in MODES for b in bs_list):
         print("\nper-step time split, ms per decode step (SGLANG_EXT_DCUT_TIMING); tok/step = accepted per step")
         print(f"  {'bs':>3} {'mode':<6}" + "".join(f"{p:>15}" for p in PARTS) + f"{'step':>9}{'tok/step':>10}")
@@ -385,7 +422,9 @@ def _k(d: dict, b: int):
 
 
 def _plot(res, bs_list, modes, path):
-    """Left: tok/s vs batch size per mode. Right (when timed): ms per step by part at the largest bs."""
+    """Left: tok/s vs batch size per mode. Right (when timed): ms per step by part at the largest bs.
+
+    Also usable on a saved ``--json`` result (``python -c``: ``_plot(json.load(f), ...)``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -421,10 +460,10 @@ def _plot(res, bs_list, modes, path):
         for i, m in enumerate(names):
             r = split[m]
             if r.get("steps"):
-                ax.text(i, bottom[i], f"{r['accepted_tokens'] / r['steps'] / big:.1f} tok/req", ha="center",
+                ax.text(i, bottom[i], f"{r['accepted_tokens'] / r['steps']:.0f} tok", ha="center",
                         va="bottom", fontsize=8)
         ax.set_ylabel("ms per decode step")
-        ax.set_title(f"ms per decode step at bs={big} (tokens per request per step on top)")
+        ax.set_title(f"ms per decode step at bs={big} (accepted tokens per step on top)")
         ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
