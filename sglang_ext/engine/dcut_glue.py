@@ -42,6 +42,11 @@ Metrics (:class:`DCutMetrics`) are bonus-inclusive like the planner: a step veri
 ``accepted_tokens`` is ``sum(accept_lens)`` (bonus included, SGLang's convention); the
 acceptance rate of kept drafts is ``(accepted_tokens - bs) / (verified_tokens - bs)``, the
 corrected denominator (SGLang's own rate assumes ``N - 1`` drafts per request).
+
+Diagnostics (opt-in, environment variable ``SGLANG_EXT_DCUT_TIMING=1`` at launch): the metrics
+also carry a per-step time split (:class:`StepTiming`: draft steps, planner, target verify
+forward, rest of verify, draft extend, other), the accept-length histogram and the planner's
+predicted chain survival per position; ``bench/dcut_throughput.py`` turns it on.
 """
 
 from __future__ import annotations
