@@ -16,8 +16,9 @@ SGLang / sglang_ext versions. The cache directory is ``--dcut-cache-dir`` or
 
 What is timed (ALGORITHMS.md B.6): a *full speculative decode step* of the real worker
 (``draft`` + pruned ``verify`` at a fixed tier + draft extend), for every profiled batch size
-and tier, with ``--dcut-profile-warmup`` warm-up and ``--dcut-profile-steps`` timed steps; the
-cost is the mean of the timed steps without the slowest one (when there are >= 3).
+and tier, with ``--dcut-profile-warmup`` warm-up steps per tier, then ``--dcut-profile-steps``
+timed steps per tier taken round-robin over the tiers (the order reversed every other round), so
+the drift of a shared host hits every tier alike; the cost is the median of a tier's timed steps.
 The batch is made of synthetic requests (random token ids, ``context_len`` tokens each) built
 as SGLang's own ``sglang.benchmark.one_batch`` builds them: ``Req`` objects, a
 ``ScheduleBatch`` over the server's pools with an allocation-only tree cache, one prefill
@@ -233,19 +234,33 @@ def _synthetic_reqs(bs: int, context_len: int, vocab_size: int, seed: int) -> Li
     return reqs
 
 
-def _robust_mean(times_ms: Sequence[float]) -> float:
-    """Mean of the timed steps without the slowest one when there are 3 or more (one stall of a
-    shared host must not pick the tier).
+def _robust_cost(times_ms: Sequence[float]) -> float:
+    """Median of the timed steps (the mean of the two middle ones for an even count): stalls of a
+    shared host must not pick the tier.
 
     Examples
     --------
-    >>> _robust_mean([10.0, 12.0, 500.0]), _robust_mean([10.0, 12.0])
-    (11.0, 11.0)
+    >>> _robust_cost([10.0, 12.0, 500.0]), _robust_cost([10.0, 12.0]), _robust_cost([9.0, 30.0, 11.0, 10.0])
+    (12.0, 11.0, 10.5)
     """
     t = sorted(times_ms)
-    if len(t) >= 3:
-        t = t[:-1]
-    return sum(t) / len(t)
+    mid = len(t) // 2
+    return t[mid] if len(t) % 2 else (t[mid - 1] + t[mid]) / 2
+
+
+def interleaved_order(num_tiers: int, steps: int) -> List[int]:
+    """Tier indices of the timed steps: round-robin, the order reversed every other round.
+
+    Examples
+    --------
+    >>> interleaved_order(3, 3)
+    [0, 1, 2, 2, 1, 0, 0, 1, 2]
+    """
+    order: List[int] = []
+    for i in range(steps):
+        r = list(range(num_tiers))
+        order += r if i % 2 == 0 else r[::-1]
+    return order
 
 
 def _sync(device: Any) -> None:
@@ -301,20 +316,26 @@ def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int,
             batch.prefill_input_ids_cpu = None
         res = worker.forward_batch_generation(batch)
         batch.spec_info = res.next_draft_input
-        for ratio in tiers:
+
+        def step(ratio: float) -> float:
             runner.forced_ratio = float(ratio)
-            times = []
-            for i in range(warmup + steps):
-                batch.prepare_for_decode()
-                _sync(target.device)
-                t0 = time.perf_counter()
-                res = worker.forward_batch_generation(batch)
-                _sync(target.device)
-                if i >= warmup:
-                    times.append((time.perf_counter() - t0) * 1e3)
-                batch.spec_info = res.next_draft_input
-                batch.input_ids = None
-            costs.append(_robust_mean(times))
+            batch.prepare_for_decode()
+            _sync(target.device)
+            t0 = time.perf_counter()
+            res = worker.forward_batch_generation(batch)
+            _sync(target.device)
+            elapsed_ms = (time.perf_counter() - t0) * 1e3
+            batch.spec_info = res.next_draft_input
+            batch.input_ids = None
+            return elapsed_ms
+
+        for ratio in tiers:
+            for _ in range(warmup):
+                step(ratio)
+        times: List[List[float]] = [[] for _ in tiers]
+        for q in interleaved_order(len(tiers), steps):
+            times[q].append(step(tiers[q]))
+        costs = [_robust_cost(t) for t in times]
     finally:
         runner.forced_ratio = None
         _release(reqs, r2t, allocator)

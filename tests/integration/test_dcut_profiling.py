@@ -120,3 +120,16 @@ def test_cache_key_and_path_are_stable():
     k2 = CostTableKey("m", "d", "cpu", 2, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "0.1.0")
     assert cache_path(k, "/c") == cache_path(k, "/c") != cache_path(k2, "/c")
     assert cache_path(k, "/c").startswith("/c/dcut-")
+
+
+def test_profiler_doctests_and_interleaving():
+    # Median cost and the round-robin order of timed steps (no engine).
+    import doctest
+
+    from sglang_ext.engine import profiler
+
+    assert doctest.testmod(profiler).failed == 0
+    order = profiler.interleaved_order(4, 5)
+    assert [order.count(q) for q in range(4)] == [5, 5, 5, 5]
+    assert order[:8] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert profiler._robust_cost([3.0, 1000.0, 2.0, 4.0, 5.0]) == 4.0
