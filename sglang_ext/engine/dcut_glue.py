@@ -35,7 +35,8 @@ when the target attention backend runs ragged TARGET_VERIFY batches (class attri
 ``supports_ragged_target_verify = True``; the CPU testbed's ``torch_sdpa`` backend does, eagerly);
 with any other backend the pruned nodes are only cut from the links ("Route C": lossless, no
 FLOPs saved, warned once). The ``/set_internal_state`` knob ``dcut_compact`` 0 forces that
-oracle. GPU path (a FlashInfer backend with one graph per (batch size, tier)) not yet run.
+oracle. GPU path: the ``flashinfer_dcut`` attention backend (``flashinfer_verify``) and the
+runner capturing one verify graph per (batch size, tier) (``dcut_graphs``); never run on a GPU.
 
 Metrics (:class:`DCutMetrics`) are bonus-inclusive like the planner: a step verifies
 ``verified_tokens`` target rows (roots included, padding excluded) out of ``bs * N``; its
@@ -511,6 +512,9 @@ class TargetForwardInterceptor:
         spec.custom_mask = p.custom_mask
         spec.positions = p.positions
         spec.ragged_verify_layout = p.layout
+        # The kept nodes' strided ids, for attention backends that plan the window columns
+        # themselves when SGLang made no kv_loc_plan (trees): flashinfer_dcut's verify_kept_cols.
+        spec.dcut_kept_index = p.kept_index
         # A positive width != N: the uniform-width target graph is never replayed for a compact
         # step (DecodeCudaGraphRunner.can_run_graph; VERIFY_EDIT_MAP 5, step 6) ...
         n = int(getattr(spec, "draft_token_num", 0) or 0)

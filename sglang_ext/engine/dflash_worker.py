@@ -41,7 +41,8 @@ FlashInfer path already plans it (``DFlashVerifyInput.generate_attn_arg_prefill`
 ragged ``qo_indptr``, keys = prefix + kept prefix of the window), as do FA3/trtllm_mha. The compacted
 forward sets ``spec_info.num_tokens_per_req = N + 1`` so the bs-keyed width-N target graphs refuse it
 (SGLang's ``can_run_graph`` lets widths <= 0 through); per-tier graphs need the ``flashinfer_dcut``
-backend (``sglang_ext.engine.flashinfer_verify``) plus a graph runner that captures them (not built).
+backend (``sglang_ext.engine.flashinfer_verify``) plus the tier-graph runner that captures them
+(``sglang_ext.engine.dcut_graphs``; written and CPU-tested, never run on a GPU).
 
 Launch-time cost profiling, the cost table on the model config and ``/server_info``, metrics and
 TP agreement are the EAGLE3 D-Cut glue's (:class:`DFlashDCutRunner` subclasses

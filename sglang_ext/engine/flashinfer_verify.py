@@ -80,6 +80,7 @@ __all__ = [
     "plan_verify",
     "tier_token_counts",
     "verify_graph_shapes",
+    "verify_kept_cols",
     "padded_num_tokens",
     "capture_counts",
     "graph_buffer_sizes",
@@ -176,6 +177,37 @@ def kept_cols_from_index(
     """
     ki = kept_index.to(torch.int64)
     return torch.where(ki >= 0, torch.remainder(ki, int(num_draft_tokens)), torch.full_like(ki, NO_COL))
+
+
+def verify_kept_cols(
+    kv_loc_cols: Optional[torch.Tensor],  # [num_tokens] strided ids bound on the batch's kv_loc_plan, or None
+    kept_index: Optional[torch.Tensor],  # [num_tokens] strided ids D-Cut put on the spec info, or None
+    qo_indptr: torch.Tensor,  # [batch_size + 1] exclusive offsets of the ragged rows
+    num_tokens: int,
+    num_draft_tokens: int,
+) -> torch.Tensor:  # [num_tokens] int64 local window column, NO_COL on padding
+    """Window column of every ragged verify row.
+
+    The kept node ids come from the batch's ``kv_loc_cols`` (bound with SGLang's
+    ``kv_loc_plan``), else from the ``dcut_kept_index`` D-Cut sets on the spec info (SGLang
+    builds no ``kv_loc_plan`` for trees, topk > 1); only without either are the rows taken as
+    prefix-truncated chains. Taking chain columns for a pruned tree would make a node kept after
+    a pruned sibling read the sibling's KV slot.
+
+    Examples
+    --------
+    Tree rows of two requests (N = 4): request 0 keeps nodes 0, 2; request 1 keeps 0, 1, 3::
+
+        >>> ip = torch.tensor([0, 2, 5])
+        >>> verify_kept_cols(None, torch.tensor([0, 2, 4, 5, 7, -1]), ip, 6, 4).tolist()
+        [0, 2, 0, 1, 3, -1]
+        >>> verify_kept_cols(None, None, ip, 6, 4).tolist()  # chains
+        [0, 1, 0, 1, 2, -1]
+    """
+    for ids in (kv_loc_cols, kept_index):
+        if isinstance(ids, torch.Tensor):
+            return kept_cols_from_index(ids, num_draft_tokens)
+    return chain_kept_cols(qo_indptr, num_tokens)
 
 
 def chain_kept_cols(
@@ -759,11 +791,10 @@ def flashinfer_dcut_backend_class() -> type:
             )
             qo_indptr = layout.qo_indptr_device.to(torch.int32)
             num_tokens = int(forward_batch.input_ids.shape[0])
-            cols = getattr(forward_batch, "kv_loc_cols", None)
-            if isinstance(cols, torch.Tensor):
-                kept_cols = kept_cols_from_index(cols, n)
-            else:
-                kept_cols = chain_kept_cols(qo_indptr, num_tokens)
+            kept_cols = verify_kept_cols(
+                getattr(forward_batch, "kv_loc_cols", None), getattr(spec, "dcut_kept_index", None),
+                qo_indptr, num_tokens, n,
+            )
             return plan_verify(
                 window_kv_indptr, window_kv_indices, forward_batch.seq_lens[:bs], qo_indptr, kept_cols,
                 custom_mask=spec.custom_mask, num_tokens=num_tokens,
@@ -833,19 +864,24 @@ def _uniform_mask_placeholder(spec: Any, device: Any) -> Optional[torch.Tensor]:
 
 
 def _create_backend(model_runner):
+    ok, why = flashinfer_available()
+    if not ok:
+        raise RuntimeError(f"--attention-backend {BACKEND_NAME}: needs a CUDA device and flashinfer ({why}); "
+                           "use torch_sdpa on the CPU testbed")
     return flashinfer_dcut_backend_class()(model_runner)
 
 
 def register() -> bool:
     """Register ``flashinfer_dcut`` in SGLang's attention registry (idempotent).
 
-    Only when a CUDA device is present and ``flashinfer`` imports; returns whether the name is
-    registered. The plugin calls this in every process (see ``patches/flashinfer_dcut_backend.md``).
+    The name is always registered, so that ``--attention-backend flashinfer_dcut`` (e.g. in a GPU
+    preset) parses and validates everywhere; building the backend without a CUDA device or
+    without ``flashinfer`` raises an error naming the flag. Returns whether the backend can be
+    built here. The plugin calls this in every process (see ``patches/flashinfer_dcut_backend.md``).
     """
     ok, why = flashinfer_available()
     if not ok:
-        logger.debug("%s not registered: %s", BACKEND_NAME, why)
-        return False
+        logger.debug("%s registered but not buildable here: %s", BACKEND_NAME, why)
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
 
@@ -853,4 +889,4 @@ def register() -> bool:
         register_attention_backend(BACKEND_NAME)(_create_backend)
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([BACKEND_NAME])
-    return True
+    return ok

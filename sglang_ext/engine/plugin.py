@@ -290,10 +290,12 @@ def register_hooks() -> None:
     _register_cpu_backend()
     import torch
 
-    if torch.cuda.is_available():  # [flashinfer_verify] `flashinfer_dcut` backend (patches/flashinfer_dcut_backend.md)
-        from sglang_ext.engine.flashinfer_verify import register as register_flashinfer_dcut
+    from sglang_ext.engine.flashinfer_verify import register as register_flashinfer_dcut
 
-        register_flashinfer_dcut()
+    # [flashinfer_verify] `flashinfer_dcut` backend (patches/flashinfer_dcut_backend.md); the name
+    # is registered everywhere (a clear error when built without CUDA/flashinfer).
+    register_flashinfer_dcut()
+    if torch.cuda.is_available():
         from sglang_ext.engine.dcut_graphs import register_hooks as register_dcut_graph_hooks  # [dcut_graphs]
 
         register_dcut_graph_hooks()  # one verify graph per (bs, tier) (patches/dcut_graph_runner.md)

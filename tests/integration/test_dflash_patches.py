@@ -106,14 +106,18 @@ def test_flashinfer_backend_targets():
     assert callable(attention_registry.register_attention_backend) and callable(choices.add_attention_backend_choices)
 
 
-def test_flashinfer_dcut_not_registered_without_cuda():
+def test_flashinfer_dcut_without_cuda_parses_but_refuses_to_build():
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
     from sglang_ext.engine import flashinfer_verify as fv
 
     if torch.cuda.is_available():
-        pytest.skip("CUDA present: registration depends on flashinfer")
-    assert fv.register() is False and fv.BACKEND_NAME not in ATTENTION_BACKENDS
+        pytest.skip("CUDA present: the backend may be buildable")
+    assert fv.register() is False
+    assert fv.BACKEND_NAME in ATTENTION_BACKEND_CHOICES and fv.BACKEND_NAME in ATTENTION_BACKENDS
+    with pytest.raises(RuntimeError, match="--attention-backend flashinfer_dcut: needs a CUDA device"):
+        ATTENTION_BACKENDS[fv.BACKEND_NAME](object())
 
 
 def test_flashinfer_dcut_backend_plans_ragged_verify_from_the_batch():

@@ -45,6 +45,8 @@ def test_preset_parses_and_validates(plugins_loaded, path):
         if key.startswith("specexit-") and key != "specexit-step-split-tokens":
             got = getattr(se, key[len("specexit-"):].replace("-", "_"))
             assert got == value or got == float(value), (key, got, value)
+    if dc.enabled and "model-path" in raw:  # GPU D-Cut presets verify pruned trees with FLOPs saved
+        assert sa.attention_backend == "flashinfer_dcut"
 
 
 def test_invalid_preset_value_names_the_flag(plugins_loaded, tmp_path, capsys):

@@ -102,6 +102,20 @@ def test_kept_cols_helpers():
     assert fv.chain_kept_cols(torch.tensor([0, 1, 4]), 6).tolist() == [0, 0, 1, 2, -1, -1]
 
 
+def test_verify_kept_cols_uses_the_tree_ids_without_a_kv_loc_plan():
+    # Trees (topk > 1) have no kv_loc_plan: the kept ids D-Cut puts on the spec info must pick the
+    # window columns. Request 0 keeps nodes 0, 1, 3 (node 2 pruned, node 3 its later sibling),
+    # request 1 keeps 0 and 2; one padding row. Hand-written expected columns.
+    qo = torch.tensor([0, 3, 5])
+    kept = torch.tensor([0, 1, 3, 4, 6, -1])
+    assert fv.verify_kept_cols(None, kept, qo, 6, 4).tolist() == [0, 1, 3, 0, 2, -1]
+    # chain columns would read the pruned nodes' slots (column 2 instead of 3, 1 instead of 2)
+    assert fv.verify_kept_cols(None, None, qo, 6, 4).tolist() == [0, 1, 2, 0, 1, -1]
+    # ids bound on a kv_loc_plan take precedence
+    bound = torch.tensor([0, 1, 2, 4, 5, -1])
+    assert fv.verify_kept_cols(bound, kept, qo, 6, 4).tolist() == [0, 1, 2, 0, 1, -1]
+
+
 # ----------------------------------------------------------------------------- against the torch backend
 def _random_trees(bs, n, gen):
     parent = torch.full((bs, n), -1, dtype=torch.int64)
