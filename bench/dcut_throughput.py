@@ -86,7 +86,11 @@ def _parse_args(argv=None):
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--skip-no-spec", action="store_true")
     p.add_argument("--what-if", default=None, metavar="FILE", help="replay a --json result (no engines)")
-    p.add_argument("--what-if-verify-scale", type=float, default=2.0)
+    p.add_argument("--what-if-verify-scale", type=float, default=2.0,
+                   help="--what-if without --what-if-table: scale the saved table's verify share")
+    p.add_argument("--what-if-table", default=None, metavar="TABLE.json",
+                   help="--what-if: replay the recorded survival curves against this cost-table JSON "
+                        "(CostTable schema: bench/profile_cost.py --json or a D-Cut cache file)")
     return p.parse_args(argv)
 
 
@@ -484,14 +488,114 @@ def what_if(res: dict, verify_scale: float) -> None:
         print(f"  bs={bs:>3}: " + ", ".join(f"{t:g}:{c:.1f}ms" for t, c in zip(tiers, scaled)))
 
 
+def _curves(res: dict, bs) -> dict:
+    """{"predicted": [...], "measured": [...]}: P(draft k accepted), k = 1..N-1, recorded at ``bs``.
+
+    From the full-verify entry (every draft scored), else ``auto``'s; ``measured`` is
+    ``accept_survival[1:]`` (``accept_survival[0]`` is the bonus token, always 1)."""
+    out = {}
+    for m in ("full", "auto"):
+        st = (res.get("dcut") or {}).get(m) or {}
+        r = st.get(_k(st, bs)) if st else None
+        if not isinstance(r, dict):
+            continue
+        if "predicted" not in out and r.get("predicted_survival"):
+            out["predicted"] = [float(x) for x in r["predicted_survival"]]
+        if "measured" not in out and r.get("accept_survival"):
+            out["measured"] = [float(x) for x in r["accept_survival"][1:]]
+    return out
+
+
+def what_if_table(res: dict, table_path: str) -> dict:
+    """Replay the recorded survival curves against a cost-table JSON (no engines).
+
+    For every batch size of the result, each recorded curve (the draft's predicted survival and,
+    when recorded, the measured acceptance) becomes ``bs`` identical chains of ``N - 1`` slots;
+    :func:`sglang_ext.dcut.choose` (``mode="auto"``) picks the tier on ``table_path``'s costs.
+    Per tier: expected accepted tokens per step ``bs + S(K_q)``, step cost ``C_q`` and the
+    predicted speed-up ``(E_q / C_q) / (E_full / C_full)`` over full verification (the largest
+    tier). A mean curve replayed for every request ignores the per-request spread the live
+    planner exploits, so it is a planning aid, not a measurement.
+
+    Returns ``{bs: {curve: {"tier", "keep_ratio", "expected", "costs", "speedup",
+    "auto_speedup", "profiled_bs"}}}`` (``None`` per bs when the table has no row >= bs).
+
+    Examples
+    --------
+    ``python bench/dcut_throughput.py --what-if bench/results/dcut_throughput_trained_cpu_interleaved.json
+    --what-if-table gpu_cost.json``
+    """
+    import torch
+
+    from sglang_ext.dcut import CostTable, choose, tier_keep_counts
+
+    with open(table_path) as f:
+        data = json.load(f)
+    if isinstance(data, dict) and "version" not in data and isinstance(data.get("cost_table"), dict):
+        table = CostTable.from_dict(data["cost_table"])  # profile_cost.py --json / a --json result
+    else:
+        table = CostTable.load(table_path)
+    tiers = list(table.tiers)
+    bs_list = sorted({int(b) for m in res["tok_s"].values() for b in m})
+    n_res = (res.get("settings") or {}).get("num_draft_tokens")
+    print(f"\nwhat-if against {table_path}: tiers {tiers}, profiled bs {list(table.batch_sizes)}, "
+          f"key draft_tokens={table.key.draft_tokens} device={table.key.device}")
+    if tiers[-1] != 1.0:
+        print(f"  note: the table has no 1.0 tier; 'full' below is its largest tier {tiers[-1]:g}")
+    out: dict = {}
+    for bs in bs_list:
+        curves = _curves(res, bs)
+        if not curves:
+            print(f"  bs={bs:>3}: no recorded survival curve")
+            continue
+        n = len(next(iter(curves.values()))) + 1
+        if n_res and int(n_res) != n:
+            print(f"  bs={bs:>3}: curve has {n - 1} slots but the result ran N={n_res}")
+        if table.key.draft_tokens != n:
+            print(f"  bs={bs:>3}: note: table profiled for N={table.key.draft_tokens}, the result has N={n}")
+        row = table.lookup(bs)
+        if row is None:
+            print(f"  bs={bs:>3}: no table row >= {bs} (largest {table.batch_sizes[-1]}); "
+                  f"the server would use the fallback ratio")
+            out[bs] = None
+            continue
+        profiled_bs, costs = row
+        keeps = tier_keep_counts(bs, n, tiers)
+        out[bs] = {}
+        for name, curve in curves.items():
+            scores = torch.tensor([curve] * bs, dtype=torch.float64)  # [bs, N - 1]
+            plan = choose(scores, table, mode="auto")
+            flat = sorted((x for x in curve for _ in range(bs)), reverse=True)
+            expected = [bs + sum(flat[:k]) for k in keeps]
+            eff = [e / c for e, c in zip(expected, costs)]
+            speedup = [x / eff[-1] for x in eff]
+            out[bs][name] = {"tier": tiers[plan.tier_index], "keep_ratio": plan.verify_width / (bs * n),
+                             "expected": expected, "costs": list(costs), "speedup": speedup,
+                             "auto_speedup": speedup[plan.tier_index], "profiled_bs": profiled_bs}
+        for name, label in (("predicted", "draft's predicted survival"), ("measured", "measured acceptance")):
+            if name not in out[bs]:
+                continue
+            r = out[bs][name]
+            print(f"  bs={bs:>3} (table row bs={profiled_bs}), {label}: auto -> tier {r['tier']:g}, "
+                  f"keep {r['keep_ratio']:.3f}, speed-up {r['auto_speedup']:.2f}x over full")
+            print(f"      {'tier':>6}{'keep':>8}{'E[acc]/step':>13}{'cost ms':>10}{'speed-up':>10}")
+            for q, t in enumerate(tiers):
+                print(f"      {t:>6g}{(bs + keeps[q]) / (bs * n):>8.3f}{r['expected'][q]:>13.2f}"
+                      f"{r['costs'][q]:>10.2f}{r['speedup'][q]:>9.2f}x")
+    return out
+
+
 def main(argv=None):
     args = _parse_args(argv)
     if args.what_if:
         with open(args.what_if) as f:
             res = json.load(f)
         report(res, None)
-        what_if(res, args.what_if_verify_scale)
-        return
+        if args.what_if_table:
+            what_if_table(res, args.what_if_table)
+        else:
+            what_if(res, args.what_if_verify_scale)
+        return None
     res = run_bench(args)
     if args.json:
         with open(args.json, "w") as f:
