@@ -85,6 +85,9 @@ def _parse_args(argv=None):
     p.add_argument("--out", default=os.path.join("bench", "out", "dcut_throughput.png"))
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--skip-no-spec", action="store_true")
+    p.add_argument("--url", default=None, metavar="http://host:port",
+                   help="measure a running SGLang server instead of launching engines (D-Cut modes "
+                        "switched through /set_internal_state when its /server_info has a dcut entry)")
     p.add_argument("--what-if", default=None, metavar="FILE", help="replay a --json result (no engines)")
     p.add_argument("--what-if-verify-scale", type=float, default=2.0,
                    help="--what-if without --what-if-table: scale the saved table's verify share")
@@ -168,8 +171,33 @@ def _engine(target: str, args, **kw):
     return sglang.Engine(model_path=target, **base)
 
 
+def _post_generate(url: str, prompt, params: dict) -> dict:
+    import urllib.request
+
+    body = {"sampling_params": params}
+    body["text" if isinstance(prompt, str) else "input_ids"] = prompt
+    req = urllib.request.Request(url.rstrip("/") + "/generate", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read().decode())
+
+
+def _run_http(url: str, prompts, params: dict) -> tuple:
+    """``len(prompts)`` concurrent ``/generate`` requests; (output tok/s, outputs)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(prompts)) as ex:
+        outs = list(ex.map(lambda p: _post_generate(url, p, params), prompts))
+    dt = time.perf_counter() - t0
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    return tokens / dt, [o.get("output_ids", o.get("text")) for o in outs]
+
+
 def _run(engine, prompts, max_new_tokens) -> tuple:
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    if isinstance(engine, str):  # a server URL
+        return _run_http(engine, prompts, params)
     t0 = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     dt = time.perf_counter() - t0
@@ -266,6 +294,66 @@ def run_bench(args) -> dict:
     }
 
 
+def _url_prompts(n: int, args) -> List[str]:
+    """The held-out problems as chat-formatted text, thinking on (the server's tokenizer encodes them)."""
+    if os.path.join(REPO, "bench") not in sys.path:
+        sys.path.insert(0, os.path.join(REPO, "bench"))
+    from specexit_eval import held_out_problems
+
+    from sglang_ext.testbed import task
+
+    return [task.prompt_text(p["question"], True) for p in held_out_problems(n, args.problem_seed)]
+
+
+def run_url(args) -> dict:
+    """Measure a running server at ``args.url`` (no engines launched).
+
+    With D-Cut on (``/server_info`` has ``dcut``): every mode of :data:`MODES`, switched through
+    ``/set_internal_state`` ``dcut_force_ratio`` and interleaved like :func:`run_bench`, with the
+    D-Cut metrics deltas from ``internal_states``; the configured mode is restored at the end.
+    Else one mode, ``server``, as it is.
+    """
+    from sglang_ext.engine.dcut_client import dcut_states, server_info, set_force_ratio
+
+    args.bs_list = [int(b) for b in args.batch_sizes.split(",")]
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 128
+    url = args.url.rstrip("/")
+    info = server_info(url)
+    dcut = info.get("dcut")
+    prompts = _url_prompts(max(args.bs_list), args)
+    print(f"[dcut_throughput] server {url} (model {info.get('model_path')}, speculative "
+          f"{info.get('speculative_algorithm')}, D-Cut {'on: ' + str(dcut.get('mode')) if dcut else 'off'}), "
+          f"{args.max_new_tokens} new tokens, batch sizes {args.bs_list}, repeats {args.repeats}", flush=True)
+    if not dcut:
+        res = _measure(url, prompts, args.bs_list, args)[None]
+        return {"settings": {k: v for k, v in vars(args).items() if k != "what_if"}, "url": url,
+                "tok_s": {"server": {bs: r["tok_s"] for bs, r in res.items()}}}
+
+    def set_mode(m):
+        if not set_force_ratio(url, MODE_RATIO[m]):
+            raise SystemExit(f"{url} refused /set_internal_state dcut_force_ratio={MODE_RATIO[m]} ({m})")
+
+    def stats():
+        st = dcut_states(url)
+        return st[0]["metrics"] if st and "metrics" in st[0] else None
+
+    has_stats = stats() is not None
+    try:
+        results = _measure(url, prompts, args.bs_list, args, modes=MODES, set_mode=set_mode,
+                           stats=stats if has_stats else None)
+    finally:
+        set_force_ratio(url, 0.0)  # back to the configured mode
+    lossless = {m: all(results[m][bs]["ids"] == results["full"][bs]["ids"] and not results[m][bs].get("repeat_differs")
+                       for bs in args.bs_list) for m in MODES}
+    dcut_stats = ({m: {bs: _merge(results[m][bs].get("metrics", [])) for bs in args.bs_list} for m in MODES}
+                  if has_stats else {})
+    return {"settings": {k: v for k, v in vars(args).items() if k != "what_if"}, "url": url,
+            "cost_table": dcut.get("cost_table"), "cost_table_info": dcut.get("cost_table_info"),
+            "tok_s": {m: {bs: r["tok_s"] for bs, r in res.items()} for m, res in results.items()},
+            "dcut": dcut_stats, "lossless_vs_full": lossless}
+
+
 def _delta(before: dict, after: dict) -> dict:
     """D-Cut metrics of one run: ``after - before`` of two ``dcut_states(...)["metrics"]`` snapshots."""
     d = {k: after[k] - before[k] for k in ("steps", "pruned_steps", "verified_tokens", "full_tokens",
@@ -328,13 +416,18 @@ PARTS = ("draft", "plan", "target_forward", "verify_rest", "draft_extend", "othe
 def report(res: dict, out_png: str = None) -> None:
     tok = res["tok_s"]
     bs_list = sorted({int(b) for m in tok.values() for b in m})
-    modes = [m for m in ("no-spec",) + MODES if m in tok]
+    modes = [m for m in ("no-spec", "server") + MODES if m in tok]
     print("\noutput tokens/s (higher is better)")
     print("mode      " + "".join(f"{'bs=' + str(b):>10}" for b in bs_list))
     for m in modes:
         print(f"{m:<10}" + "".join(f"{tok[m][_k(tok[m], b)]:>10.1f}" for b in bs_list))
-    print("\nratios")
     fixed = [m for m in ("r0.25", "r0.5", "r0.75") if m in tok]
+    if not ("auto" in tok and "full" in tok and fixed):  # a server without D-Cut (--url)
+        if out_png:
+            _plot(res, bs_list, modes, out_png)
+            print(f"plot: {out_png}")
+        return
+    print("\nratios")
     rows = [("auto/full", lambda b: tok["auto"][_k(tok["auto"], b)] / tok["full"][_k(tok["full"], b)]),
             ("auto/best", lambda b: tok["auto"][_k(tok["auto"], b)] / max(tok[m][_k(tok[m], b)] for m in fixed)),
             ("best/full", lambda b: max(tok[m][_k(tok[m], b)] for m in fixed) / tok["full"][_k(tok["full"], b)])]
@@ -596,7 +689,7 @@ def main(argv=None):
         else:
             what_if(res, args.what_if_verify_scale)
         return None
-    res = run_bench(args)
+    res = run_url(args) if args.url else run_bench(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
