@@ -30,9 +30,20 @@ Run::
     OMP_NUM_THREADS=1 python bench/dcut_throughput.py --num-steps 15 --num-draft-tokens 16 \\
         --batch-sizes 1,4,16,32,64 --out bench/out/dcut_throughput.png --json bench/out/dcut.json
 
-``--what-if FILE``: instead of running engines, replay a saved ``--json`` result and print
-what ``auto`` would gain with a different cost model (each tier's cost scaled by
-``--what-if-verify-scale`` on the verify share); a quick planning aid, not a measurement.
+``--url http://host:port``: no engines; measure a running SGLang server (``bs`` concurrent
+``/generate`` requests, the held-out problems as text). With D-Cut on (``/server_info`` has
+``dcut``) the five modes are switched through ``/set_internal_state`` like above and the
+configured mode restored at the end; without it the server is measured as is (mode ``server``)::
+
+    python bench/dcut_throughput.py --url http://127.0.0.1:30000 --batch-sizes 1,4,16 --json bench/out/url.json
+
+``--what-if FILE``: instead of running engines, replay a saved ``--json`` result. With
+``--what-if-table TABLE.json`` (the ``CostTable`` schema, e.g. a GPU profile from
+``bench/profile_cost.py --json`` or a D-Cut cache file) the recorded survival curves (the draft's
+predicted one and the measured acceptance) are planned with ``sglang_ext.dcut.choose`` on that
+table: chosen tier, keep ratio, expected accepted tokens, cost and predicted speed-up per tier
+and batch size. Without it, each tier's cost of the saved table is scaled by
+``--what-if-verify-scale`` on the verify share. Planning aids, not measurements.
 """
 
 from __future__ import annotations
