@@ -145,13 +145,16 @@ def sweep_combinations() -> List[Tuple[str, str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from sglang_ext.testbed.evaluate import DEFAULT_DRAFT, DEFAULT_TARGET
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=200, help="held-out problems")
     ap.add_argument("--seed", type=int, default=2026, help="evaluation RNG seed")
-    ap.add_argument("--target", default=DEFAULT_TARGET)
-    ap.add_argument("--draft", default=DEFAULT_DRAFT)
+    ap.add_argument("--url", default=None, metavar="http://HOST:PORT",
+                    help="no engine: send the requests to this running SGLang server (launched with the extension "
+                         "and --specexit); exit code 2 if it has no SpecExit")
+    ap.add_argument("--target", default=None,
+                    help="target model (default: the committed testbed target); with --url only its tokenizer is "
+                         "used (default: the server's tokenizer_path from /server_info)")
+    ap.add_argument("--draft", default=None, help="EAGLE3 draft (default: the committed testbed draft; not with --url)")
     ap.add_argument("--tuned", default=DEFAULT_TUNED,
                     help=f"preset YAML of the tuned variant (default {os.path.relpath(DEFAULT_TUNED, REPO)})")
     ap.add_argument("--max-new-tokens", type=int, default=512)
@@ -169,14 +172,128 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-async def _run_requests(engine, tok, problems, prompts, params: Sequence[Optional[Mapping[str, object]]],
-                        max_new_tokens, concurrency) -> List[Outcome]:
-    """Every problem with its own ``custom_params`` (``None``: the server's settings), all in flight."""
+def score_output(problem: Mapping[str, str], out: Mapping[str, object], latency_s: float, tok) -> Outcome:
+    """One ``/generate`` result (``text``, ``output_ids``, ``meta_info``) of one problem, scored.
+
+    The same for an in-process engine and a server URL: the answer parsed from the text, the
+    output tokens from ``meta_info["completion_tokens"]``, the think tokens counted up to
+    ``</think>`` in the output ids (re-tokenized text when the result has none) and the SpecExit
+    fields the extension publishes in ``meta_info`` (``specexit_exited``, ``specexit_exit_reason``).
+
+    Examples
+    --------
+    >>> class Tok:  # ids = characters; "|" closes the think block
+    ...     def convert_tokens_to_ids(self, t): return ord("|")
+    ...     def encode(self, text, add_special_tokens=False): return [ord(c) for c in text]
+    ...     def decode(self, ids): return "".join(map(chr, ids))
+    >>> out = {"text": "ab|The answer is 3.", "meta_info": {"completion_tokens": 18, "specexit_exited": True}}
+    >>> o = score_output({"id": "p", "answer": "3"}, out, 0.5, Tok())
+    >>> o.correct, o.output_tokens, o.think_tokens, o.exited
+    (True, 18, 2, True)
+    """
     from sglang_ext.testbed import task
     from sglang_ext.testbed.evaluate import oracle_think_tokens, think_tokens
 
-    sem = asyncio.Semaphore(concurrency)
     close_id = tok.convert_tokens_to_ids(task.THINK_CLOSE)
+    meta = out["meta_info"]
+    text = out["text"]
+    out_ids = out.get("output_ids") or tok.encode(text, add_special_tokens=False)
+    predicted = task.parse_answer(text)
+    return Outcome(id=problem["id"], answer=problem["answer"], predicted=predicted,
+                   correct=predicted == problem["answer"], output_tokens=int(meta["completion_tokens"]),
+                   think_tokens=think_tokens(out_ids, close_id), exited=bool(meta.get("specexit_exited")),
+                   exit_reason=meta.get("specexit_exit_reason"),
+                   oracle_think_tokens=oracle_think_tokens(tok, text), latency_s=latency_s)
+
+
+class EngineBackend:
+    """Requests to an in-process ``sglang.Engine`` (launched here, stopped by :meth:`close`)."""
+
+    label = "one engine"
+
+    def __init__(self, engine):
+        self.engine = engine
+        #: The engine's own event loop (its tokenizer manager runs there).
+        self.loop = getattr(engine, "loop", None) or asyncio.get_event_loop()
+
+    async def generate(self, input_ids: List[int], sampling: Mapping[str, object]) -> dict:
+        return await self.engine.async_generate(input_ids=input_ids, sampling_params=dict(sampling))
+
+    def flush(self, loop) -> Tuple[bool, str]:
+        """Empty the prefix cache once the scheduler is idle (SGLang defers the flush up to the timeout)."""
+        result = loop.run_until_complete(self.engine.tokenizer_manager.flush_cache(timeout_s=FLUSH_TIMEOUT_S))
+        return bool(result.success), str(result.message)
+
+    def server_info(self) -> dict:
+        return self.engine.get_server_info()
+
+    def close(self, loop) -> None:
+        self.engine.shutdown()
+
+
+class HttpBackend:
+    """Requests to a running SGLang server: ``POST /generate``, ``/flush_cache``, ``GET /server_info``."""
+
+    label = "server"
+
+    def __init__(self, url: str, timeout_s: float = 3600.0):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._session = None
+        self.loop = asyncio.new_event_loop()
+
+    async def generate(self, input_ids: List[int], sampling: Mapping[str, object]) -> dict:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        body = {"input_ids": list(input_ids), "sampling_params": dict(sampling)}
+        async with self._session.post(self.url + "/generate", json=body) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{self.url}/generate: HTTP {resp.status}: {(await resp.text())[:500]}")
+            return await resp.json(content_type=None)
+
+    def flush(self, loop) -> Tuple[bool, str]:
+        import requests
+
+        resp = requests.post(self.url + "/flush_cache", params={"timeout": FLUSH_TIMEOUT_S},
+                             timeout=FLUSH_TIMEOUT_S + 30)
+        return resp.status_code == 200, resp.text.strip()
+
+    def server_info(self) -> dict:
+        import requests
+
+        resp = requests.get(self.url + "/server_info", timeout=60)
+        resp.raise_for_status()
+        return resp.json()
+
+    def close(self, loop) -> None:
+        if self._session is not None:
+            loop.run_until_complete(self._session.close())
+            self._session = None
+        self.loop.close()
+
+
+def specexit_state(info: Mapping[str, object]) -> Optional[dict]:
+    """The SpecExit section of a ``/server_info`` answer (None: the server runs without SpecExit).
+
+    Examples
+    --------
+    >>> specexit_state({"internal_states": [{"specexit": {"enabled": True}}]})
+    {'enabled': True}
+    >>> specexit_state({"internal_states": [{}]}) is None
+    True
+    """
+    for state in info.get("internal_states") or []:
+        if isinstance(state, dict) and isinstance(state.get("specexit"), dict):
+            return state["specexit"]
+    return None
+
+
+async def _run_requests(backend, tok, problems, prompts, params: Sequence[Optional[Mapping[str, object]]],
+                        max_new_tokens, concurrency) -> List[Outcome]:
+    """Every problem with its own ``custom_params`` (``None``: the server's settings), all in flight."""
+    sem = asyncio.Semaphore(concurrency)
 
     async def one(problem, ids, custom):
         sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
@@ -184,17 +301,9 @@ async def _run_requests(engine, tok, problems, prompts, params: Sequence[Optiona
             sampling["custom_params"] = dict(custom)
         async with sem:
             t0 = time.perf_counter()
-            out = await engine.async_generate(input_ids=ids, sampling_params=sampling)
+            out = await backend.generate(ids, sampling)
             dt = time.perf_counter() - t0
-        meta = out["meta_info"]
-        text = out["text"]
-        out_ids = out.get("output_ids") or tok.encode(text, add_special_tokens=False)
-        predicted = task.parse_answer(text)
-        return Outcome(id=problem["id"], answer=problem["answer"], predicted=predicted,
-                       correct=predicted == problem["answer"], output_tokens=int(meta["completion_tokens"]),
-                       think_tokens=think_tokens(out_ids, close_id), exited=bool(meta.get("specexit_exited")),
-                       exit_reason=meta.get("specexit_exit_reason"),
-                       oracle_think_tokens=oracle_think_tokens(tok, text), latency_s=dt)
+        return score_output(problem, out, dt, tok)
 
     return list(await asyncio.gather(*(one(p, ids, c) for p, ids, c in zip(problems, prompts, params))))
 
@@ -364,8 +473,9 @@ def _plot(summary: Mapping[str, object], variants: Sequence[str], path: str) -> 
         ax.set_title(label, fontsize=10)
         ax.set_ylim(0, max(values) * 1.3 if values and max(values) > 0 else 1)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"SpecExit on {summary['n']} held-out testbed problems (seed {summary['seed']}), EAGLE3 chain 3/4, "
-                 f"one engine", fontsize=10)
+    where = f"server {summary['url']}" if summary.get("url") else "EAGLE3 chain 3/4, one engine"
+    fig.suptitle(f"SpecExit on {summary['n']} held-out testbed problems (seed {summary['seed']}), {where}",
+                 fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -413,23 +523,23 @@ def sweep_png_path(png: str) -> str:
     return f"{stem}_sweep{ext or '.png'}"
 
 
-def _flush(engine) -> bool:
-    """Empty the prefix cache once the scheduler is idle (SGLang defers the flush up to the timeout)."""
-    result = engine.loop.run_until_complete(engine.tokenizer_manager.flush_cache(timeout_s=FLUSH_TIMEOUT_S))
-    if not result.success:
-        print(f"[specexit_eval] warning: prefix cache not flushed ({result.message})", file=sys.stderr, flush=True)
-    return bool(result.success)
+def _flush(backend, loop) -> bool:
+    """Empty the prefix cache once the scheduler is idle; warn when it could not be flushed."""
+    ok, message = backend.flush(loop)
+    if not ok:
+        print(f"[specexit_eval] warning: prefix cache not flushed ({message})", file=sys.stderr, flush=True)
+    return ok
 
 
-def _run_sweep(loop, engine, tok, problems, prompts, max_new_tokens, concurrency) -> Tuple[dict, dict]:
+def _run_sweep(loop, backend, tok, problems, prompts, max_new_tokens, concurrency) -> Tuple[dict, dict]:
     combos = sweep_combinations()
     params: List[Optional[dict]] = [OFF] * len(problems)
     for method, smoothing in combos:
         params += [{"specexit_method": method, "specexit_smoothing": smoothing}] * len(problems)
     n = len(problems)
-    _flush(engine)
+    _flush(backend, loop)
     t0 = time.perf_counter()
-    run = loop.run_until_complete(_run_requests(engine, tok, problems * (1 + len(combos)),
+    run = loop.run_until_complete(_run_requests(backend, tok, problems * (1 + len(combos)),
                                                 prompts * (1 + len(combos)), params, max_new_tokens, concurrency))
     wall = time.perf_counter() - t0
     base = run[:n]
@@ -481,40 +591,62 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     tuned = preset_custom_params(args.tuned) if "tuned" in variants else None
     if args.sweep < 0 or args.sweep > args.n:
         raise SystemExit(f"--sweep: must be in 0..--n ({args.n}), got {args.sweep}")
-    _prepare_environment()
-    import sglang
-    import torch
+    if args.url:
+        backend = HttpBackend(args.url)
+        try:
+            info = backend.server_info()
+        except Exception as exc:  # noqa: BLE001 - any failure to reach the server ends the run here
+            print(f"[specexit_eval] error: --url {args.url}: /server_info failed: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2)
+        if specexit_state(info) is None:
+            print(f"[specexit_eval] error: --url {args.url}: the server has no SpecExit (no 'specexit' section in "
+                  "/server_info internal_states); launch it with the extension and --specexit", file=sys.stderr,
+                  flush=True)
+            raise SystemExit(2)
+        tokenizer_path = args.target or info.get("tokenizer_path") or info.get("model_path")
+    else:
+        from sglang_ext.testbed.evaluate import DEFAULT_DRAFT, DEFAULT_TARGET
+
+        _prepare_environment()
+        tokenizer_path = args.target or DEFAULT_TARGET
     from transformers import AutoTokenizer
 
-    import sglang_ext
     from sglang_ext.testbed import task
 
-    sglang_ext.load()
     problems = held_out_problems(args.n, args.seed)
-    tok = AutoTokenizer.from_pretrained(args.target)
+    tok = AutoTokenizer.from_pretrained(tokenizer_path)
     prompts = [tok.encode(task.prompt_text(p["question"], True), add_special_tokens=False) for p in problems]
-    kwargs = dict(model_path=args.target, speculative_algorithm="EAGLE3", speculative_draft_model_path=args.draft,
-                  speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
-                  max_running_requests=max(args.concurrency, 1), specexit=True, log_level="warning")
-    if not torch.cuda.is_available():
-        kwargs.update({k: v for k, v in CPU_DEFAULTS.items() if k not in kwargs})
     custom = {"baseline": OFF, "reference": None, "tuned": tuned}
     tuned_shown = os.path.relpath(args.tuned, REPO) if tuned is not None else None
     print(f"[specexit_eval] {len(problems)} problems (seed {args.seed}), variants {variants}, repeats {args.repeats}, "
-          f"tuned {tuned_shown} {tuned}; launching the engine", file=sys.stderr, flush=True)
-    engine = sglang.Engine(**kwargs)
+          f"tuned {tuned_shown} {tuned}; " + (f"server {args.url}" if args.url else "launching the engine"),
+          file=sys.stderr, flush=True)
+    if not args.url:
+        import sglang
+        import torch
+
+        import sglang_ext
+
+        sglang_ext.load()
+        kwargs = dict(model_path=tokenizer_path, speculative_algorithm="EAGLE3",
+                      speculative_draft_model_path=args.draft or DEFAULT_DRAFT, speculative_num_steps=3,
+                      speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                      max_running_requests=max(args.concurrency, 1), specexit=True, log_level="warning")
+        if not torch.cuda.is_available():
+            kwargs.update({k: v for k, v in CPU_DEFAULTS.items() if k not in kwargs})
+        backend = EngineBackend(sglang.Engine(**kwargs))
     outcomes: Dict[str, List[Outcome]] = {}
-    summary: Dict[str, object] = {"n": len(problems), "seed": args.seed, "tuned_preset": tuned_shown,
-                                  "tuned_custom_params": tuned}
+    summary: Dict[str, object] = {"n": len(problems), "seed": args.seed, "url": args.url,
+                                  "tuned_preset": tuned_shown, "tuned_custom_params": tuned}
     sweep = None
     flushed: List[bool] = []
+    loop = backend.loop
     try:
-        loop = asyncio.get_event_loop()
         # warm-up at the full batch width, SpecExit off and on (first-call costs, allocations), then every
         # variant starts from an empty prefix cache
         w = min(len(problems), args.concurrency)
         warm = [OFF if i % 2 == 0 else (tuned or None) for i in range(w)]
-        loop.run_until_complete(_run_requests(engine, tok, problems[:w], prompts[:w], warm, WARMUP_TOKENS,
+        loop.run_until_complete(_run_requests(backend, tok, problems[:w], prompts[:w], warm, WARMUP_TOKENS,
                                               args.concurrency))
         # order A B C (C B A ...): drift of the shared machine's speed cancels out of the ratios
         order = []
@@ -522,10 +654,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
             order += variants if r % 2 == 0 else variants[::-1]
         timings: Dict[str, List[Tuple[float, float]]] = {name: [] for name in variants}
         for name in order:
-            flushed.append(_flush(engine))
+            flushed.append(_flush(backend, loop))
             t0 = time.perf_counter()
-            run = loop.run_until_complete(_run_requests(engine, tok, problems, prompts, [custom[name]] * len(problems),
-                                                        args.max_new_tokens, args.concurrency))
+            run = loop.run_until_complete(_run_requests(backend, tok, problems, prompts,
+                                                        [custom[name]] * len(problems), args.max_new_tokens,
+                                                        args.concurrency))
             wall = time.perf_counter() - t0
             outcomes.setdefault(name, run)
             timings[name].append((sum(o.latency_s for o in run) / len(run), wall))
@@ -543,12 +676,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
             print(f"[specexit_eval] sweep: {len(sweep_combinations())} combinations + baseline on {args.sweep} "
                   "problems",
                   file=sys.stderr, flush=True)
-            sweep, sweep_outcomes = _run_sweep(loop, engine, tok, problems[:args.sweep], prompts[:args.sweep],
+            sweep, sweep_outcomes = _run_sweep(loop, backend, tok, problems[:args.sweep], prompts[:args.sweep],
                                                args.max_new_tokens, args.concurrency)
         summary["cache_flushed_before_every_pass"] = all(flushed)
-        summary["server_info"] = engine.get_server_info()["internal_states"][0].get("specexit")
+        summary["server_info"] = specexit_state(backend.server_info())
     finally:
-        engine.shutdown()
+        backend.close(loop)
     compare(summary)
     if "baseline" in outcomes:
         summary["oracle_ratio"] = oracle_ratio(outcomes["baseline"])
