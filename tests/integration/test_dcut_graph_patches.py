@@ -18,7 +18,6 @@ Budget: < 60 s (imports SGLang's model-executor modules on the loaded 2-core mac
 from __future__ import annotations
 
 import inspect
-import pkgutil
 from types import SimpleNamespace
 
 import pytest
@@ -28,14 +27,8 @@ from sglang_ext.engine import dcut_graphs as dg
 from sglang_ext.engine import flashinfer_verify as fv
 
 
-def _resolve(target: str):
-    mod, attr = target.rsplit(".", 1)
-    owner = pkgutil.resolve_name(mod)
-    return inspect.unwrap(getattr(owner, attr))
-
-
-def _params(fn):
-    return list(inspect.signature(fn).parameters)
+from drift_guard import param_names as _params  # noqa: E402
+from drift_guard import resolve as _resolve  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- drift guards

@@ -8,19 +8,12 @@ Budget: < 60 s (imports SGLang's speculative modules on the loaded 2-core machin
 from __future__ import annotations
 
 import inspect
-import pkgutil
 
 import torch
 
 
-def _resolve(target: str):
-    mod, attr = target.rsplit(".", 1)
-    owner = pkgutil.resolve_name(mod)
-    return inspect.unwrap(getattr(owner, attr))
-
-
-def _params(fn):
-    return list(inspect.signature(fn).parameters)
+from drift_guard import param_names as _params  # noqa: E402
+from drift_guard import resolve as _resolve  # noqa: E402
 
 
 def test_organize_draft_results_target():

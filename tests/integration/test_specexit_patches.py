@@ -9,19 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import pkgutil
 
 from sglang_ext.engine import specexit_hooks as H
 
 
-def _resolve(target: str):
-    mod, attr = target.rsplit(".", 1)
-    owner = pkgutil.resolve_name(mod)
-    return inspect.unwrap(getattr(owner, attr))
-
-
-def _params(fn):
-    return list(inspect.signature(fn).parameters)
+from drift_guard import param_names as _params  # noqa: E402
+from drift_guard import resolve as _resolve  # noqa: E402
 
 
 def test_every_hook_is_registered_by_the_plugin_and_documented():
