@@ -15,8 +15,8 @@
   script on the same problems (the server runs with ``--dcut off`` like the in-process engine).
 
 Budget: CI (the stub tests) < 15 s (one in-process run of ``main`` against the stub, no model);
-slow (the demo-server test) ~3 min (server start, warm-up, 3 x 4 requests, 4 more of this test,
-then one in-process run of the script) on a shared 2-core machine.
+slow (the demo-server test) ~2 min (server start, warm-up, 3 x 4 requests, 4 more of this test,
+then one in-process run of the script; measured 108 s at load average 4-5) on a shared 2-core machine.
 """
 
 from __future__ import annotations
