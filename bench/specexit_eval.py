@@ -3,6 +3,7 @@
     python bench/specexit_eval.py                          # 200 problems, committed testbed models
     python bench/specexit_eval.py --n 50 --tuned configs/specexit_testbed_tuned.yaml --out eval.json
     python bench/specexit_eval.py --n 200 --sweep 50       # + all 7 methods x 4 smoothers on 50 problems
+    python bench/specexit_eval.py --url http://127.0.0.1:30000 --n 50   # a running server, no engine here
 
 One in-process ``sglang.Engine`` (EAGLE3 chain, 3 steps / 4 verify tokens, ``--specexit`` with the
 reference defaults of ALGORITHMS.md A.4-A.6 as server flags) serves three variants of the same
@@ -36,6 +37,14 @@ the baseline's) and the tuned preset's acceptance verdict (tokens ratio <= 0.6 a
 <= 1 point, issue 7). ``--out`` (JSON: the summary and every outcome) and ``--png`` (bars of output
 tokens, think tokens and latency per variant with the oracle line; with ``--sweep`` also
 ``<png>_sweep.png``) are written.
+
+``--url http://host:port`` launches no engine: the same variants (and ``--sweep``) go to a running
+SGLang server with the extension and ``--specexit`` as concurrent greedy ``POST /generate`` requests
+(``input_ids``, the same per-request ``custom_params``), with ``/flush_cache`` before every pass;
+only the request backend differs (:class:`EngineBackend` / :class:`HttpBackend`), the scoring
+(:func:`score_output`, from ``meta_info``), summary, tables and plots are shared. A server whose
+``/server_info`` has no SpecExit section ends the run with exit code 2. ``reference`` is then the
+server's own SpecExit settings; the prompts' tokenizer is ``--target`` or the server's ``tokenizer_path``.
 
 ``--replot JSON`` prints the tables of a saved ``--out`` file and redraws its plots (no engine).
 
