@@ -43,6 +43,8 @@ def flags_markdown() -> str:
             flag = spec.flag if spec.store_true else f"{spec.flag} {_metavar(spec)}"
             default_text = _default_text(spec, default).replace("\n", "\\n").replace("|", "\\|")
             meaning = spec.help.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")
+            if spec.list_join is not None:
+                meaning += " In a `--config` YAML preset a list is accepted too."
             rows.append(f"| `{flag}` | `{default_text}` | {meaning} |")
     return "\n".join(rows)
 

@@ -22,6 +22,10 @@ def test_table_lists_every_flag_with_its_default():
             assert f"| `{spec.flag}" in table
     assert "| `--specexit-confidence-threshold VALUE` | `0.8` |" in table
     assert "| `--dcut-tiers R1,R2,...` | `0.25,0.5,0.75,1.0` |" in table
+    for cls in (SpecExitConfig, DCutConfig):
+        for _, spec, _ in iter_flags(cls):
+            row = next(r for r in table.splitlines() if r.startswith(f"| `{spec.flag}"))
+            assert ("a list is accepted too" in row) == (spec.list_join is not None), row
 
 
 def test_readme_names_two_setup_commands():
