@@ -20,7 +20,9 @@ import os
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import http_stub
+from http_stub import JsonHandler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -72,38 +74,24 @@ class Stub:
 
 
 def _serve(stub):
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-
-        def _send(self, obj, code=200):
-            data = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class H(JsonHandler):
         def do_GET(self):
             if self.path == "/server_info":
-                return self._send(stub.server_info())
-            self._send({"error": "not found"}, 404)
+                return self.send_json(200, stub.server_info())
+            self.send_json(404, {"error": "not found"})
 
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = self.read_json()
             if self.path == "/generate":
-                return self._send(stub.generate(body))
+                return self.send_json(200, stub.generate(body))
             if self.path == "/set_internal_state" and stub.with_dcut:
                 with stub.lock:
                     stub.ratio = float(body["server_args"]["dcut_force_ratio"])
                     stub.ratios_set.append(stub.ratio)
-                return self._send({"updated": True})
-            self._send({"error": "not found"}, 404)
+                return self.send_json(200, {"updated": True})
+            self.send_json(404, {"error": "not found"})
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+    return http_stub.start(H)
 
 
 def _bench():

@@ -26,11 +26,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
+
+import http_stub
+from http_stub import JsonHandler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "bench", "specexit_eval.py")
@@ -76,12 +77,7 @@ class _Stub:
         self.answers = {p["question"]: p["answer"] for p in problems}
         self.requests = []  # every /generate body
         self.flushes = 0
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server, self.url = None, None
 
     def canned(self, body):
         """The canned completion of a request: LONG with SpecExit off, WRONG for the tuned preset's
@@ -98,53 +94,42 @@ class _Stub:
         return next(a for q, a in self.answers.items() if q in prompt)
 
     def _handler(stub):  # noqa: N805 - closure over the stub
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, code, payload):
-                data = json.dumps(payload).encode() if not isinstance(payload, bytes) else payload
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(JsonHandler):
 
             def do_GET(self):
                 if self.path.startswith("/server_info"):
                     state = {"specexit": {"enabled": True, "requests_exited": 0}} if stub.with_specexit else {}
-                    self._send(200, {"model_path": TARGET, "tokenizer_path": TARGET, "internal_states": [state]})
+                    self.send_json(200, {"model_path": TARGET, "tokenizer_path": TARGET, "internal_states": [state]})
                 else:
-                    self._send(404, {"error": self.path})
+                    self.send_json(404, {"error": self.path})
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                body = self.read_json()
                 if self.path.startswith("/flush_cache"):
                     stub.flushes += 1
-                    self._send(200, b"Cache flushed.")
+                    self.send_json(200, b"Cache flushed.")
                     return
                 if not self.path.startswith("/generate"):
-                    self._send(404, {"error": self.path})
+                    self.send_json(404, {"error": self.path})
                     return
                 stub.requests.append(body)
                 text, n, exited = stub.canned(body)
                 text = text.format(a=stub.answer(body))
                 words = text.split(" ")
                 ids = [99 if w == "</think>" else 1 for w in words]
-                self._send(200, {"text": text.replace(" </think> ", "</think>"), "output_ids": ids,
+                self.send_json(200, {"text": text.replace(" </think> ", "</think>"), "output_ids": ids,
                                  "meta_info": {"completion_tokens": n, "specexit_exited": exited,
                                                "specexit_exit_reason": "signals" if exited else None}})
 
         return Handler
 
     def __enter__(self):
-        self.thread.start()
+        self.server, self.url = http_stub.start(self._handler())
         return self
 
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
-        self.thread.join(timeout=10)
 
 
 class _Tok:
