@@ -149,6 +149,24 @@ def _timed(clock: _Clock, fn: Callable[[], object]):
         return fn()
 
 
+def _time_train_steps(module, opt, steps: List[int], total: int, lr: float, warmup: int,
+                      run_step: Callable[[int], object]) -> _Clock:
+    """Run ``run_step(step)`` for each of ``steps`` with the training schedule's learning rate
+    (as the real loop sets it); the first step is an untimed warm-up, the others are timed."""
+    from sglang_ext.testbed.common import lr_at
+
+    clock = _Clock()
+    for j, step in enumerate(steps):
+        module.train()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total, lr, warmup)
+        if j == 0:
+            run_step(step)
+        else:
+            _timed(clock, lambda: run_step(step))
+    return clock
+
+
 def estimate(seed: int = 0, quick: bool = False, threads: int = 1, timed_steps: int = 3,
              progress: bool = True, models_dir: Optional[str] = MODELS_DIR) -> Estimate:
     """Time ``timed_steps`` units of every stage of the run ``train --seed seed [--quick]``.
@@ -163,7 +181,7 @@ def estimate(seed: int = 0, quick: bool = False, threads: int = 1, timed_steps: 
     """
     from sglang_ext.testbed import task
     from sglang_ext.testbed.check import check_traces
-    from sglang_ext.testbed.common import encode_prompt, greedy_generate, lr_at, save_atomic
+    from sglang_ext.testbed.common import encode_prompt, greedy_generate, save_atomic
     from sglang_ext.testbed.modeling import DraftConfig, build_target
     from sglang_ext.testbed.tokenizer import build_tokenizer
     from sglang_ext.testbed.train import stage_config
@@ -198,21 +216,13 @@ def estimate(seed: int = 0, quick: bool = False, threads: int = 1, timed_steps: 
     saves = 0
     for i, phase in enumerate(phases):
         params, opt = phase_optimizer(model, phase, tcfg)
-        clock = _Clock()
         steps = _sample(phase.steps, n + 1)
-        for j, step in enumerate(steps):
-            model.train()
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step, phase.steps, phase.lr, phase.warmup)
 
-            def one(step=step):
-                ids, labels, _ = phase.make_batch(step)
-                return train_step(model, opt, params, phase, ids, labels)
+        def one(step, phase=phase, opt=opt, params=params):
+            ids, labels, _ = phase.make_batch(step)
+            return train_step(model, opt, params, phase, ids, labels)
 
-            if j == 0:
-                one()
-            else:
-                _timed(clock, one)
+        clock = _time_train_steps(model, opt, steps, phase.steps, phase.lr, phase.warmup, one)
         est.rows.append(clock.row(f"target phase {i + 1}", "step", phase.steps, len(steps) - 1))
         saves += sum(1 for d in range(1, phase.steps + 1) if d % tcfg.ckpt_every == 0 or d == phase.steps)
         say(f"target phase {i + 1} ({phase.name}): {est.rows[-1].cpu_s:.3f} cpu s/step")
@@ -280,22 +290,14 @@ def estimate(seed: int = 0, quick: bool = False, threads: int = 1, timed_steps: 
                               len(feat_traces)))
     draft = init_draft(decoder, draft_cfg, seed)
     dparams, dopt = draft_optimizer(draft, dcfg)
-    clock = _Clock()
     dsteps = _sample(dcfg.steps, n + 1)
-    for j, step in enumerate(dsteps):
-        draft.train()
-        for g in dopt.param_groups:
-            g["lr"] = lr_at(step, dcfg.steps, dcfg.lr, dcfg.warmup)
 
-        def dstep(step=step):
-            ids, labels, _, feats = draft_batch(feat_traces, seed, step, dcfg.batch_size,
-                                                feats_cache if dcfg.cache_features else None)
-            return draft_train_step(draft, dopt, dparams, decoder, ids, labels, feats, dcfg)
+    def dstep(step):
+        ids, labels, _, feats = draft_batch(feat_traces, seed, step, dcfg.batch_size,
+                                            feats_cache if dcfg.cache_features else None)
+        return draft_train_step(draft, dopt, dparams, decoder, ids, labels, feats, dcfg)
 
-        if j == 0:
-            dstep()
-        else:
-            _timed(clock, dstep)
+    clock = _time_train_steps(draft, dopt, dsteps, dcfg.steps, dcfg.lr, dcfg.warmup, dstep)
     est.rows.append(clock.row("draft", "step", dcfg.steps, len(dsteps) - 1))
     saves += sum(1 for d in range(1, dcfg.steps + 1) if d % dcfg.ckpt_every == 0 or d == dcfg.steps)
     say(f"draft: {est.rows[-1].cpu_s:.3f} cpu s/step")

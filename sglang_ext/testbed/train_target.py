@@ -78,16 +78,21 @@ def batch_for_step(tok, seed: int, step: int, batch_size: int):
     return collate(examples)
 
 
+def _weighted_problem(rng: random.Random, pid: str, operand_weights: Sequence[float]) -> task.Problem:
+    """A problem with 2, 3 or 4 operands drawn with ``operand_weights`` (phases 2 and 3)."""
+    k = rng.choices((2, 3, 4), weights=operand_weights)[0]
+    operands = tuple(rng.randint(0, task.MAX_OPERAND_VALUE) for _ in range(k))
+    ops = tuple(rng.choice(task.OPS) for _ in range(k - 1))
+    return task.Problem(pid, operands, ops)
+
+
 def arith_batch_for_step(tok, seed: int, step: int, batch_size: int,
                          operand_weights: Sequence[float]):
     """Phase-2 batch of ``step`` (pure function of ``(seed, step)``)."""
     rng = random.Random(f"sglang_ext-target-arith-{seed}-{step}")
     examples = []
     for i in range(batch_size):
-        k = rng.choices((2, 3, 4), weights=operand_weights)[0]
-        operands = tuple(rng.randint(0, task.MAX_OPERAND_VALUE) for _ in range(k))
-        ops = tuple(rng.choice(task.OPS) for _ in range(k - 1))
-        p = task.Problem(str(i), operands, ops)
+        p = _weighted_problem(rng, str(i), operand_weights)
         thinking = rng.random() >= P_NO_THINK
         examples.append(encode_example(tok, p, task.sample_num_rechecks(rng), thinking))
     return collate(examples)
@@ -99,10 +104,7 @@ def drill_batch_for_step(tok, seed: int, step: int, batch_size: int,
     rng = random.Random(f"sglang_ext-target-drill-{seed}-{step}")
     examples = []
     for i in range(batch_size):
-        k = rng.choices((2, 3, 4), weights=operand_weights)[0]
-        operands = tuple(rng.randint(0, task.MAX_OPERAND_VALUE) for _ in range(k))
-        ops = tuple(rng.choice(task.OPS) for _ in range(k - 1))
-        p = task.Problem(str(i), operands, ops)
+        p = _weighted_problem(rng, str(i), operand_weights)
         if rng.random() < full_fraction:
             thinking = rng.random() >= P_NO_THINK
             examples.append(encode_example(tok, p, task.sample_num_rechecks(rng), thinking))
