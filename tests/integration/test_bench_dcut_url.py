@@ -14,13 +14,13 @@ Budget: < 20 s CI (about 60 stub requests of 0.05-0.1 s).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import threading
 import time
 
+import bench_script
 import http_stub
 from http_stub import JsonHandler
 
@@ -95,11 +95,7 @@ def _serve(stub):
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("dcut_throughput_url", os.path.join(ROOT, "bench",
-                                                                                     "dcut_throughput.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script.load("dcut_throughput")
 
 
 def _main(stub, tmp_path, capsys):

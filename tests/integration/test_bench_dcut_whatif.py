@@ -12,12 +12,13 @@ Budget: < 20 s CI (each call imports torch and replays 5 batch sizes).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 
 import pytest
+
+import bench_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULT = os.path.join(ROOT, "bench", "results", "dcut_throughput_trained_cpu_interleaved.json")
@@ -30,11 +31,7 @@ FLAT = [[10.0, 10.0, 10.0, 10.0] for _ in BS]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("dcut_throughput_bench", os.path.join(ROOT, "bench",
-                                                                                       "dcut_throughput.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script.load("dcut_throughput")
 
 
 def _table(path, step_ms, batch_sizes=BS, wrap=False):

@@ -21,7 +21,6 @@ then one in-process run of the script; measured 108 s at load average 4-5) on a 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -30,6 +29,7 @@ import sys
 import pytest
 import yaml
 
+import bench_script
 import http_stub
 from http_stub import JsonHandler
 
@@ -46,11 +46,7 @@ needs_models = pytest.mark.skipif(not os.path.isfile(os.path.join(TARGET, "confi
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("specexit_eval_under_test", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script.load("specexit_eval")
 
 
 def _preset_request_options():
