@@ -344,18 +344,27 @@ def near_tie_rows(ref: torch.Tensor, other: torch.Tensor) -> torch.Tensor:  # [r
     return (top2[:, 0] - top2[:, 1]) <= 2 * (ref.float() - other.float()).abs().amax(dim=-1)
 
 
+def random_kv_pool(cfg: Config, batch_size: int, gen: torch.Generator, device_seed: int, hkv: int, d: int,
+                   dt: torch.dtype, dev) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A request-to-token table over shuffled KV slots (slot 0 = sink, never assigned) and random
+    K/V caches: ``r2t`` ``[batch_size, ctx]`` int32 on the host, ``k_cache``/``v_cache``
+    ``[slots, hkv, d]`` on ``dev``."""
+    ctx = cfg.max_prefix + max(cfg.check_draft_tokens) + 1
+    r2t = (torch.randperm(batch_size * ctx, generator=gen) + 1).view(batch_size, ctx).to(torch.int32)
+    slots = batch_size * ctx + 1
+    dev_gen = torch.Generator(device=dev).manual_seed(device_seed)
+    k_cache = torch.empty(slots, hkv, d, dtype=dt, device=dev).normal_(generator=dev_gen)
+    v_cache = torch.empty(slots, hkv, d, dtype=dt, device=dev).normal_(generator=dev_gen)
+    return r2t, k_cache, v_cache
+
+
 def check_correctness(cfg: Config, attn: VerifyAttention, deadline: float, log) -> Dict[str, Any]:
     dev, dt = cfg.device, torch.bfloat16
     hq, hkv, d = cfg.heads_q, cfg.heads_kv, cfg.head_dim
     sm = d ** -0.5
     max_bs = max(cfg.check_batch_sizes)
-    ctx = cfg.max_prefix + max(cfg.check_draft_tokens) + 1
     gen = torch.Generator().manual_seed(1234)
-    r2t = (torch.randperm(max_bs * ctx, generator=gen) + 1).view(max_bs, ctx).to(torch.int32)  # slot 0 = sink
-    slots = max_bs * ctx + 1
-    dev_gen = torch.Generator(device=dev).manual_seed(4321)
-    k_cache = torch.empty(slots, hkv, d, dtype=dt, device=dev).normal_(generator=dev_gen)
-    v_cache = torch.empty(slots, hkv, d, dtype=dt, device=dev).normal_(generator=dev_gen)
+    r2t, k_cache, v_cache = random_kv_pool(cfg, max_bs, gen, 4321, hkv, d, dt, dev)
     w_vocab = torch.randn(hq * d, cfg.vocab_check, generator=gen).to(dev) * (8.0 / math.sqrt(hq * d))
     res: Dict[str, Any] = dict(cases=0, eager_max_err=0.0, graph_max_err=0.0, graph_replays=0, graphs=0,
                                accept_compared=0, accept_mismatch=0, near_tie_requests=0, failures=[])
@@ -440,13 +449,8 @@ def check_padded_replay(cfg: Config, attn: VerifyAttention, deadline: float, log
     sm = d ** -0.5
     bs_g = max(cfg.check_batch_sizes)
     raw_sizes = sorted({max(1, bs_g // 2), bs_g - 1} - {bs_g}) or [bs_g]
-    ctx = cfg.max_prefix + max(cfg.check_draft_tokens) + 1
     gen = torch.Generator().manual_seed(2468)
-    r2t = (torch.randperm(bs_g * ctx, generator=gen) + 1).view(bs_g, ctx).to(torch.int32)  # slot 0 = sink
-    slots = bs_g * ctx + 1
-    dev_gen = torch.Generator(device=dev).manual_seed(8642)
-    k_cache = torch.empty(slots, hkv, d, dtype=dt, device=dev).normal_(generator=dev_gen)
-    v_cache = torch.empty(slots, hkv, d, dtype=dt, device=dev).normal_(generator=dev_gen)
+    r2t, k_cache, v_cache = random_kv_pool(cfg, bs_g, gen, 8642, hkv, d, dt, dev)
     res: Dict[str, Any] = dict(cases=0, graphs=0, max_err=0.0, padded_requests=0, padded_rows=0, no_graph=0,
                                failures=[])
     for n in cfg.check_draft_tokens:
