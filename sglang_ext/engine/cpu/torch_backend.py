@@ -93,12 +93,18 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from sglang_ext.engine.cpu.torch_backend_plan import (
+    NO_DRAFT_ROUND,
     AttentionPlan,
+    DraftRoundKV,
+    DraftRoundPlan,
+    KVWorkspace,
     empty_plan,
     plan_decode,
     plan_draft_decode,
+    plan_draft_round,
     plan_extend,
     plan_target_verify,
+    run_draft_round_step,
     run_plan,
 )
 
@@ -167,6 +173,9 @@ class TorchSDPABackend(AttentionBackend):
         self.is_draft_runner = bool(getattr(model_runner, "is_draft_worker", False))
         self.max_context_len = int(model_runner.model_config.context_len)
         self.forward_metadata: Optional[AttentionPlan] = None
+        self._workspace = KVWorkspace()  # padded K/V buffers reused by every layer and forward
+        self._draft_round: Optional["DraftRound"] = None  # set by the multi-step container
+        self._draft_step = -1
         self._verify_mask = None
         if not self.is_draft_runner:
             from sglang.srt.layers.attention.verify_mask import VerifyMask
@@ -181,6 +190,7 @@ class TorchSDPABackend(AttentionBackend):
 
     # ------------------------------------------------------------------ metadata
     def init_forward_metadata(self, forward_batch: "ForwardBatch"):
+        self._draft_round = None  # planned directly: not a step of a container's round
         self.forward_metadata = self.build_plan(forward_batch)
 
     def build_plan(self, forward_batch: "ForwardBatch") -> AttentionPlan:
@@ -244,9 +254,8 @@ class TorchSDPABackend(AttentionBackend):
 
     def _forward(self, q, k, v, layer: "RadixAttention", forward_batch: "ForwardBatch", save_kv_cache, kwargs):
         self._check_supported(layer, forward_batch, kwargs)
-        if self.forward_metadata is None:
+        if self._draft_round is None and self.forward_metadata is None:
             self.forward_metadata = self.build_plan(forward_batch)
-        plan = self.forward_metadata
         hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
         q3 = q.reshape(-1, hq, layer.qk_head_dim)
         k_cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
@@ -268,15 +277,27 @@ class TorchSDPABackend(AttentionBackend):
                     self.token_to_kv_pool.set_kv_buffer(
                         layer, loc, k3.clone(), v3.clone(), layer.k_scale, layer.v_scale
                     )
+        logit_cap = float(layer.logit_cap or 0.0)
+        if self._draft_round is not None:
+            rnd = self._draft_round
+            if rnd.serves(q3, k3, v3, k_cache, v_cache, layer, save_kv_cache):
+                out = run_draft_round_step(
+                    rnd.plan, self._draft_step, q3, k3, v3, k_cache, v_cache, rnd.layer_state(layer.layer_id),
+                    scaling=layer.scaling, logit_cap=logit_cap,
+                )
+                return out.reshape(-1, hq * layer.v_head_dim)
+            if self.forward_metadata is None:
+                self.forward_metadata = rnd.step_plan(self._draft_step)
         out = run_plan(
-            plan,
+            self.forward_metadata,
             q3,
             k3,
             v3,
             k_cache,
             v_cache,
             scaling=layer.scaling,
-            logit_cap=float(layer.logit_cap or 0.0),
+            logit_cap=logit_cap,
+            workspace=self._workspace,
         )
         return out.reshape(-1, hq * layer.v_head_dim)
 
@@ -305,6 +326,49 @@ class TorchSDPABackend(AttentionBackend):
     ) -> torch.Tensor:  # [batch_size (* topk), num_q_heads * v_head_dim]
         """DECODE: plain decode, or one multi-step draft step when planned by the container."""
         return self._forward(q, k, v, layer, forward_batch, save_kv_cache, kwargs)
+
+
+class DraftRound:
+    """Shared state of one multi-step draft round (all draft steps, all draft layers).
+
+    Built by :meth:`TorchSDPAMultiStepDraftBackend.init_forward_metadata`. Each step's keys are
+    the committed prefix plus the branch's rows of the earlier steps; with a
+    :class:`~sglang_ext.engine.cpu.torch_backend_plan.DraftRoundPlan` the prefix is gathered
+    once per layer and round, and every step appends its own rows
+    (:func:`~sglang_ext.engine.cpu.torch_backend_plan.run_draft_round_step`). Where that shortcut
+    is not exact (a quantized or differently typed pool, a layer that does not write its rows,
+    a request with no committed token) the step runs its own
+    :func:`~sglang_ext.engine.cpu.torch_backend_plan.plan_draft_decode` plan instead.
+    """
+
+    def __init__(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: List[int],
+                 topk: int, num_steps: int):
+        self._args = (req_to_token, req_pool_indices, seq_lens, topk, num_steps)
+        self.plan: Optional[DraftRoundPlan] = plan_draft_round(req_to_token, req_pool_indices, seq_lens, topk, num_steps)
+        self._layers: dict = {}
+        self._step_plans: dict = {}
+
+    def serves(self, q3, k3, v3, k_cache, v_cache, layer: "RadixAttention", save_kv_cache: bool) -> bool:
+        """Whether the shared buffer gives exactly the step plan's keys for this layer call."""
+        return (
+            self.plan is not NO_DRAFT_ROUND
+            and save_kv_cache
+            and layer.k_scale is None
+            and layer.v_scale is None
+            and k_cache.dtype == q3.dtype == k3.dtype
+            and v_cache.dtype == q3.dtype == v3.dtype
+            and q3.shape[0] == self.plan.num_groups
+        )
+
+    def layer_state(self, layer_id: int) -> DraftRoundKV:
+        return self._layers.setdefault(layer_id, DraftRoundKV())
+
+    def step_plan(self, step: int) -> AttentionPlan:
+        """The step's own plan (fallback path), built once per round."""
+        if step not in self._step_plans:
+            r2t, rp, seq_lens, topk, num_steps = self._args
+            self._step_plans[step] = plan_draft_decode(r2t, rp, seq_lens, topk, num_steps, step)
+        return self._step_plans[step]
 
 
 class TorchSDPAMultiStepDraftBackend:
@@ -337,18 +401,20 @@ class TorchSDPAMultiStepDraftBackend:
         if forward_batch.forward_mode.is_idle() or bs == 0:
             for child in self.attn_backends:
                 child.forward_metadata = empty_plan(self.device)
+                child._draft_round = None
             return
         seq_lens = _host_list(forward_batch.seq_lens, forward_batch.seq_lens_cpu, bs)
-        r2t = self.req_to_token_pool.req_to_token
+        rnd = DraftRound(
+            self.req_to_token_pool.req_to_token,
+            forward_batch.req_pool_indices,
+            seq_lens,
+            self.topk,
+            self.speculative_num_steps,
+        )
         for step, child in enumerate(self.attn_backends):
-            child.forward_metadata = plan_draft_decode(
-                r2t,
-                forward_batch.req_pool_indices,
-                seq_lens,
-                self.topk,
-                self.speculative_num_steps,
-                step,
-            )
+            child.forward_metadata = None  # built on demand (fallback path) by DraftRound.step_plan
+            child._draft_round = rnd
+            child._draft_step = step
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         raise NotImplementedError(f"{BACKEND_NAME} runs eager only: pass disable_cuda_graph=True")

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 NO_MASK = None  # sentinel: every valid key column is visible to every valid row of the plan
+NO_PADDED_SOURCE = None  # sentinel: a plan whose padded keys cannot be gathered in one pass
 
 
 class MaskKind(enum.Enum):
@@ -140,6 +141,10 @@ class AttentionPlan:
     attend : torch.Tensor or None
         ``[num_groups, max_q, max_kv]`` bool, True = attend; ``NO_MASK`` (None) when every cell
         is visible (no padding, VISIBLE kind).
+    kv_src : torch.Tensor or None
+        ``[num_groups * max_kv]`` int64: the KV-pool slot every padded key row is gathered from
+        in one pass (see :func:`padded_kv_source`); ``NO_PADDED_SOURCE`` (None) when some group
+        has no cached prefix to fill its pad columns from (then the padded keys are zero-filled).
     """
 
     q_lens: tuple
@@ -153,6 +158,7 @@ class AttentionPlan:
     prefix_dst: torch.Tensor
     cur_dst: torch.Tensor
     attend: Optional[torch.Tensor]
+    kv_src: Optional[torch.Tensor] = None
 
     @property
     def num_groups(self) -> int:
@@ -259,6 +265,7 @@ def make_plan(
         attend = torch.where(pad_row, c == 0, attend.expand(n, max_q, max_kv))
         if bool(attend.all()):
             attend = NO_MASK
+    kv_src = padded_kv_source(prefix_lens, prefix_slots, max_kv)
     return AttentionPlan(
         q_lens=q_lens,
         prefix_lens=prefix_lens,
@@ -271,7 +278,74 @@ def make_plan(
         prefix_dst=prefix_dst,
         cur_dst=cur_dst,
         attend=attend,
+        kv_src=kv_src,
     )
+
+
+def padded_kv_source(
+    prefix_lens: Sequence[int],  # host, cached tokens per group
+    prefix_slots: torch.Tensor,  # [sum(prefix_lens)] int64 KV-pool slots, group-major
+    max_kv: int,
+) -> Optional[torch.Tensor]:  # [num_groups * max_kv] int64, or NO_PADDED_SOURCE
+    """Slot to gather for every padded key row of a plan, so one ``index_select`` fills them all.
+
+    Key column ``c < p_i`` of group ``i`` reads its cached slot; every other column (the group's
+    current rows, overwritten right after the gather, and the pad columns, never attended) reads
+    the group's own first cached slot. Pad columns thus hold finite keys of the same request
+    instead of zeros: a masked column gets weight exactly 0 either way, and a request whose cache
+    holds non-finite values cannot reach other requests' rows through the padding. Returns
+    ``NO_PADDED_SOURCE`` when a group has no cached prefix (``p_i = 0``, e.g. a fresh prefill):
+    such plans zero-fill the padded keys instead.
+
+    Examples
+    --------
+    Two groups with 2 and 1 cached tokens, padded to 3 key columns:
+
+    >>> padded_kv_source([2, 1], torch.tensor([7, 3, 4]), 3).tolist()
+    [7, 3, 7, 4, 4, 4]
+    >>> padded_kv_source([2, 0], torch.tensor([7, 3]), 3) is NO_PADDED_SOURCE
+    True
+    """
+    n = len(prefix_lens)
+    if n == 0 or max_kv == 0 or min(prefix_lens) == 0:
+        return NO_PADDED_SOURCE
+    device = prefix_slots.device
+    lens = torch.tensor(prefix_lens, dtype=torch.int64, device=device)  # [n]
+    start = torch.cumsum(lens, 0) - lens  # [n] exclusive offsets into prefix_slots
+    col = torch.arange(max_kv, device=device).view(1, max_kv)  # [1, max_kv]
+    within = torch.where(col < lens.view(n, 1), col, torch.zeros_like(col))  # [n, max_kv]
+    return prefix_slots[(start.view(n, 1) + within).reshape(-1)]
+
+
+class KVWorkspace:
+    """Reusable padded K/V buffers of one attention backend (no zero-fill, no reallocation).
+
+    The padded ``[num_groups * max_kv]`` key and value tensors of a plan have the same shape in
+    every layer of a forward (and often across forwards); :func:`run_plan` gathers into these
+    buffers instead of allocating fresh ones per layer. A buffer grows when a larger plan needs
+    it; buffers are never shared between concurrent forwards (one workspace per backend).
+
+    Examples
+    --------
+    >>> ws = KVWorkspace()
+    >>> a = ws.take("k", (4, 2, 8), torch.float32, "cpu")
+    >>> b = ws.take("k", (3, 2, 8), torch.float32, "cpu")
+    >>> a.data_ptr() == b.data_ptr(), tuple(b.shape)
+    (True, (3, 2, 8))
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict = {}
+
+    def take(self, name: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+        """A tensor of ``shape`` backed by buffer ``name`` (contents unspecified)."""
+        numel = math.prod(shape)
+        key = (name, dtype, str(device))
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(max(numel, 1), dtype=dtype, device=device)
+            self._buffers[key] = buf
+        return buf[:numel].view(shape)
 
 
 def detect_tree_mask_layout(
@@ -346,11 +420,16 @@ def run_plan(
     *,
     scaling: float,
     logit_cap: float = 0.0,
+    workspace: Optional[KVWorkspace] = None,
 ) -> torch.Tensor:  # [num_tokens, num_q_heads, v_head_dim]
     """Run one layer's attention for a plan with one padded SDPA call.
 
     Rows ``>= plan.num_rows`` of ``q`` get zeros. GQA is handled by SDPA (``enable_gqa``).
     A positive ``logit_cap`` applies ``cap * tanh(score / cap)`` before the softmax (manual path).
+    The padded keys and values are gathered from the pool in one pass when the plan has a
+    ``kv_src`` and the pool's dtype is ``q``'s (else zero-filled and copied); with a
+    ``workspace`` they go into its reused buffers. The output does not depend on either choice
+    (masked columns get weight exactly 0).
 
     Examples
     --------
@@ -371,13 +450,13 @@ def run_plan(
     if rows > num_tokens:
         raise ValueError(f"plan has {rows} query rows, q has {num_tokens}")
     dtype = q.dtype
-    qp = q.new_zeros(n * plan.max_q, hq, d)
-    qp.index_copy_(0, plan.q_dst, q[:rows])
-    kp = q.new_zeros(n * plan.max_kv, hkv, d)
-    vp = q.new_zeros(n * plan.max_kv, hkv, dv)
-    if plan.prefix_slots.numel():
-        kp.index_copy_(0, plan.prefix_dst, k_cache.index_select(0, plan.prefix_slots).to(dtype))
-        vp.index_copy_(0, plan.prefix_dst, v_cache.index_select(0, plan.prefix_slots).to(dtype))
+    dense_q = n * plan.max_q == rows  # every group has max_q rows: the padded layout is q itself
+    if dense_q:
+        qp = q[:rows]
+    else:
+        qp = q.new_zeros(n * plan.max_q, hq, d)
+        qp.index_copy_(0, plan.q_dst, q[:rows])
+    kp, vp = _padded_kv(plan, k_cache, v_cache, dtype, hkv, d, dv, workspace)
     if plan.include_current:
         kp.index_copy_(0, plan.cur_dst, k[:rows].to(dtype))
         vp.index_copy_(0, plan.cur_dst, v[:rows].to(dtype))
@@ -385,6 +464,56 @@ def run_plan(
     kb = kp.view(n, plan.max_kv, hkv, d).transpose(1, 2)  # [n, hkv, max_kv, d]
     vb = vp.view(n, plan.max_kv, hkv, dv).transpose(1, 2)  # [n, hkv, max_kv, dv]
     mask = None if plan.attend is None else plan.attend.unsqueeze(1)  # [n, 1, max_q, max_kv]
+    ob = _attend(qb, kb, vb, mask, scaling, logit_cap, hq, hkv)  # [n, hq, max_q, dv]
+    flat = ob.transpose(1, 2).reshape(n * plan.max_q, hq, dv)
+    if dense_q:
+        out[:rows] = flat
+    else:
+        out[:rows] = flat.index_select(0, plan.q_dst)
+    return out
+
+
+def _padded_kv(
+    plan: AttentionPlan,
+    k_cache: torch.Tensor,  # [num_slots, num_kv_heads, qk_head_dim]
+    v_cache: torch.Tensor,  # [num_slots, num_kv_heads, v_head_dim]
+    dtype: torch.dtype,
+    hkv: int,
+    d: int,
+    dv: int,
+    workspace: Optional[KVWorkspace],
+) -> tuple:  # ([num_groups * max_kv, hkv, d], [num_groups * max_kv, hkv, dv])
+    """The padded cached keys and values of a plan (current rows not yet written)."""
+    rows_kv = plan.num_groups * plan.max_kv
+    one_pass = plan.kv_src is not None and k_cache.dtype == dtype and v_cache.dtype == dtype
+    if one_pass:
+        if workspace is None:
+            return k_cache.index_select(0, plan.kv_src), v_cache.index_select(0, plan.kv_src)
+        kp = workspace.take("k", (rows_kv, hkv, d), dtype, k_cache.device)
+        vp = workspace.take("v", (rows_kv, hkv, dv), dtype, v_cache.device)
+        torch.index_select(k_cache, 0, plan.kv_src, out=kp)
+        torch.index_select(v_cache, 0, plan.kv_src, out=vp)
+        return kp, vp
+    kp = k_cache.new_zeros(rows_kv, hkv, d, dtype=dtype)
+    vp = v_cache.new_zeros(rows_kv, hkv, dv, dtype=dtype)
+    if plan.prefix_slots.numel():
+        kp.index_copy_(0, plan.prefix_dst, k_cache.index_select(0, plan.prefix_slots).to(dtype))
+        vp.index_copy_(0, plan.prefix_dst, v_cache.index_select(0, plan.prefix_slots).to(dtype))
+    return kp, vp
+
+
+def _attend(
+    qb: torch.Tensor,  # [groups, hq, rows, d]
+    kb: torch.Tensor,  # [groups, hkv, cols, d]
+    vb: torch.Tensor,  # [groups, hkv, cols, dv]
+    mask: Optional[torch.Tensor],  # [groups, 1, rows, cols] bool, or NO_MASK
+    scaling: float,
+    logit_cap: float,
+    hq: int,
+    hkv: int,
+) -> torch.Tensor:  # [groups, hq, rows, dv]
+    """Masked attention of padded groups: SDPA, or the manual path with tanh logit capping."""
+    dtype = qb.dtype
     if logit_cap and logit_cap > 0:
         group = hq // hkv
         kb = kb.repeat_interleave(group, dim=1)
@@ -393,14 +522,8 @@ def run_plan(
         scores = logit_cap * torch.tanh(scores / logit_cap)
         if mask is not None:
             scores = scores.masked_fill(~mask, -math.inf)
-        ob = torch.matmul(torch.softmax(scores, dim=-1).to(dtype), vb)
-    else:
-        ob = F.scaled_dot_product_attention(
-            qb, kb, vb, attn_mask=mask, scale=scaling, enable_gqa=hq != hkv
-        )  # [n, hq, max_q, dv]
-    flat = ob.transpose(1, 2).reshape(n * plan.max_q, hq, dv)
-    out[:rows] = flat.index_select(0, plan.q_dst)
-    return out
+        return torch.matmul(torch.softmax(scores, dim=-1).to(dtype), vb)
+    return F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scaling, enable_gqa=hq != hkv)
 
 
 # ----------------------------------------------------------------------------- per-mode builders
@@ -519,3 +642,189 @@ def plan_draft_decode(
     cols = torch.where(within < s_g, within, s_g + g_branch[group] * num_steps + (within - s_g))
     slots = req_to_token[rows[g_req][group], cols].to(torch.int64)
     return make_plan([1] * (bs * topk), prefix_lens, slots, MaskKind.VISIBLE)
+
+
+# ----------------------------------------------------------------------------- draft rounds
+@dataclass(frozen=True)
+class DraftRoundPlan:
+    """Keys of one multi-step draft round, gathered once and extended by one column per step.
+
+    Every draft step of a round attends the same committed prefix plus its branch's rows of the
+    earlier steps (see :func:`plan_draft_decode`). Instead of gathering all of them from the pool
+    at every step, the round keeps one padded buffer per layer, ``[num_groups, max_cols]`` key
+    rows: column ``c < s_g`` is the committed slot, column ``s_g + j`` is step ``j``'s row of the
+    group (written when step ``j`` runs), later columns are padding.
+
+    Attributes
+    ----------
+    topk, num_steps : int
+        The draft's branching and steps; groups are ``(request, branch)``, row-major.
+    prefix_lens : tuple[int, ...]
+        Committed length ``s_g`` of each group (host).
+    max_cols : int
+        ``max(s_g) + num_steps - 1`` key columns per group in the buffer.
+    kv_src : torch.Tensor
+        ``[num_groups * max_cols]`` int64 slot per buffer row; columns ``>= s_g`` read the
+        group's first committed slot (finite keys of the same request, never attended).
+    step_slots : torch.Tensor
+        ``[num_groups, num_steps - 1]`` int64 pool slot of each step's row (SGLang's layout
+        ``req_to_token[rp[b], s_b + t * num_steps + j]``).
+    step_dst : torch.Tensor
+        ``[num_groups]`` int64 buffer row of column ``s_g`` (``g * max_cols + s_g``).
+    col_limit : torch.Tensor
+        ``[num_groups, 1]`` int64 ``s_g + 1``: step ``j`` attends columns ``< s_g + 1 + j``.
+    """
+
+    topk: int
+    num_steps: int
+    prefix_lens: tuple
+    max_cols: int
+    kv_src: torch.Tensor
+    step_slots: torch.Tensor
+    step_dst: torch.Tensor
+    col_limit: torch.Tensor
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.prefix_lens)
+
+    @property
+    def uniform(self) -> bool:
+        """Every group has the same committed length (no key padding: no mask)."""
+        return len(set(self.prefix_lens)) <= 1
+
+
+NO_DRAFT_ROUND = None  # sentinel: the round cannot use a shared buffer (a request with s_b = 0)
+
+
+def plan_draft_round(
+    req_to_token: torch.Tensor,  # [max_reqs, max_context_len] int32 slot ids
+    req_pool_indices: torch.Tensor,  # [batch_size]
+    seq_lens: Sequence[int],  # host, committed lengths s_b
+    topk: int,
+    num_steps: int,
+) -> Optional[DraftRoundPlan]:
+    """The :class:`DraftRoundPlan` of a multi-step draft round, or ``NO_DRAFT_ROUND``.
+
+    Examples
+    --------
+    One request with ``s = 2``, topk 1, 3 steps (2 draft-decode steps), pool row ``[0..9]``:
+
+    >>> r2t = torch.arange(10, dtype=torch.int32).view(1, 10)
+    >>> rnd = plan_draft_round(r2t, torch.tensor([0]), [2], topk=1, num_steps=3)
+    >>> rnd.max_cols, rnd.kv_src.tolist(), rnd.step_slots.tolist(), rnd.step_dst.tolist()
+    (4, [0, 1, 0, 0], [[2, 3]], [2])
+    """
+    if num_steps < 2:
+        raise ValueError(f"a draft round needs num_steps >= 2, got {num_steps}")
+    s_list = [int(x) for x in seq_lens]
+    if not s_list or min(s_list) == 0:
+        return NO_DRAFT_ROUND
+    device = req_to_token.device
+    bs = len(s_list)
+    s = torch.tensor(s_list, dtype=torch.int64, device=device)  # [bs]
+    rows = req_pool_indices.to(device=device, dtype=torch.int64)  # [bs]
+    g_req = torch.arange(bs, device=device).repeat_interleave(topk)  # [G]
+    g_branch = torch.arange(topk, device=device).repeat(bs)  # [G]
+    s_g = s[g_req]  # [G]
+    num_groups = bs * topk
+    max_cols = max(s_list) + num_steps - 1
+    col = torch.arange(max_cols, device=device).view(1, max_cols)  # [1, max_cols]
+    src_col = torch.where(col < s_g.view(-1, 1), col, torch.zeros_like(col))  # [G, max_cols]
+    kv_src = req_to_token[rows[g_req].view(-1, 1), src_col].to(torch.int64).reshape(-1)
+    j = torch.arange(num_steps - 1, device=device).view(1, -1)  # [1, num_steps - 1]
+    step_cols = s_g.view(-1, 1) + g_branch.view(-1, 1) * num_steps + j  # [G, num_steps - 1]
+    step_slots = req_to_token[rows[g_req].view(-1, 1), step_cols].to(torch.int64)
+    step_dst = torch.arange(num_groups, device=device) * max_cols + s_g  # [G]
+    return DraftRoundPlan(
+        topk=int(topk),
+        num_steps=int(num_steps),
+        prefix_lens=tuple(int(x) for x in s_g.tolist()),
+        max_cols=max_cols,
+        kv_src=kv_src,
+        step_slots=step_slots,
+        step_dst=step_dst,
+        col_limit=(s_g + 1).view(-1, 1),
+    )
+
+
+@dataclass
+class DraftRoundKV:
+    """One layer's key/value buffers of a draft round and the next step they expect."""
+
+    k: Optional[torch.Tensor] = None  # [num_groups * max_cols, hkv, d]
+    v: Optional[torch.Tensor] = None  # [num_groups * max_cols, hkv, dv]
+    next_step: int = -1
+
+
+def run_draft_round_step(
+    rnd: DraftRoundPlan,
+    step: int,
+    q: torch.Tensor,  # [num_groups, num_q_heads, qk_head_dim]
+    k: torch.Tensor,  # [num_groups, num_kv_heads, qk_head_dim]
+    v: torch.Tensor,  # [num_groups, num_kv_heads, v_head_dim]
+    k_cache: torch.Tensor,  # [num_slots, num_kv_heads, qk_head_dim], dtype of q
+    v_cache: torch.Tensor,  # [num_slots, num_kv_heads, v_head_dim], dtype of q
+    state: DraftRoundKV,
+    *,
+    scaling: float,
+    logit_cap: float = 0.0,
+) -> torch.Tensor:  # [num_groups, num_q_heads, v_head_dim]
+    """Draft step ``step`` of a round: the same output as :func:`run_plan` on that step's
+    :func:`plan_draft_decode` plan, without re-gathering the round's keys.
+
+    The buffers are (re)filled from the pool when ``state`` does not expect this step (first step
+    of the round, or a step skipped); otherwise only the step's own rows are written. The caller
+    guarantees that the pool holds exactly ``k``/``v`` at the slots of earlier steps (the forward
+    wrote them there, unquantized), which is what makes the shared buffer equal to a fresh
+    gather.
+
+    Examples
+    --------
+    One group with 2 committed keys, step 0 and then step 1 (their rows are written to the pool
+    by the caller first, as the backend does):
+
+    >>> r2t = torch.arange(10, dtype=torch.int32).view(1, 10)
+    >>> rnd = plan_draft_round(r2t, torch.tensor([0]), [2], topk=1, num_steps=3)
+    >>> kc, vc = torch.zeros(10, 1, 2), torch.zeros(10, 1, 2)
+    >>> vc[:2] = torch.tensor([[[1.0, 1.0]], [[3.0, 3.0]]])
+    >>> st = DraftRoundKV()
+    >>> q = k = torch.zeros(1, 1, 2); v = torch.full((1, 1, 2), 5.0)
+    >>> vc[2] = v[0]
+    >>> run_draft_round_step(rnd, 0, q, k, v, kc, vc, st, scaling=1.0)[0, 0].tolist()  # mean of 1, 3, 5
+    [3.0, 3.0]
+    >>> vc[3] = torch.full((1, 2), 7.0)
+    >>> run_draft_round_step(rnd, 1, q, k, vc[3:4], kc, vc, st, scaling=1.0)[0, 0].tolist()
+    [4.0, 4.0]
+    """
+    n = rnd.num_groups
+    if not 0 <= step <= rnd.num_steps - 2:
+        raise ValueError(f"draft step {step} out of range for num_steps={rnd.num_steps}")
+    if q.shape[0] != n or k.shape[0] != n or v.shape[0] != n:
+        raise ValueError(f"draft step has {q.shape[0]} rows, the round has {n} groups")
+    hq, d = q.shape[1], q.shape[2]
+    hkv, dv = k_cache.shape[1], v_cache.shape[2]
+    c = rnd.max_cols
+    if state.next_step != step or state.k is None or state.k.shape[0] != n * c:
+        state.k = k_cache.index_select(0, rnd.kv_src)
+        state.v = v_cache.index_select(0, rnd.kv_src)
+        if step > 0:
+            j = torch.arange(step, device=rnd.step_dst.device).view(1, step)  # [1, step]
+            dst = (rnd.step_dst.view(n, 1) + j).reshape(-1)  # [n * step]
+            src = rnd.step_slots[:, :step].reshape(-1)  # [n * step]
+            state.k.index_copy_(0, dst, k_cache.index_select(0, src))
+            state.v.index_copy_(0, dst, v_cache.index_select(0, src))
+    dst = rnd.step_dst + step
+    state.k.index_copy_(0, dst, k)
+    state.v.index_copy_(0, dst, v)
+    state.next_step = step + 1
+    width = max(rnd.prefix_lens) + step + 1
+    kb = state.k.view(n, c, hkv, d)[:, :width].transpose(1, 2)  # [n, hkv, width, d]
+    vb = state.v.view(n, c, hkv, dv)[:, :width].transpose(1, 2)  # [n, hkv, width, dv]
+    qb = q.view(n, 1, hq, d).transpose(1, 2)  # [n, hq, 1, d]
+    mask = NO_MASK
+    if not rnd.uniform:
+        cols = torch.arange(width, device=q.device).view(1, width)
+        mask = (cols < rnd.col_limit + step).view(n, 1, 1, width)
+    ob = _attend(qb, kb, vb, mask, scaling, logit_cap, hq, hkv)  # [n, hq, 1, dv]
+    return ob.transpose(1, 2).reshape(n, hq, dv)
