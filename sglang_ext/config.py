@@ -53,6 +53,9 @@ DEFAULT_STEP_SPLIT_STRINGS: Tuple[str, ...] = D.DEFAULT_STEP_SPLIT_STRINGS
 DEFAULT_DCUT_TIERS: Tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 DCUT_OFF = "off"
 DCUT_AUTO = "auto"
+DCUT_CALIBRATION_POWER = "power"
+DCUT_CALIBRATION_OFF = "off"
+DCUT_CALIBRATION_CHOICES: Tuple[str, ...] = (DCUT_CALIBRATION_POWER, DCUT_CALIBRATION_OFF)
 
 
 class ConfigError(ValueError):
@@ -311,6 +314,10 @@ class DCutConfig:
                                   "strictly increasing in (0, 1] and ending at 1.0.", _parse_float_list,
                                   default_factory=lambda: DEFAULT_DCUT_TIERS, metavar="R1,R2,...",
                                   show_default="0.25,0.5,0.75,1.0", list_join=",")
+    calibration: str = _f(DCUT_CALIBRATION_POWER, "--dcut-calibration", "Online calibration of the draft's "
+                          "survival scores for auto's tier choice: 'power' fits s -> s^tau to the accepted "
+                          "drafts of the kept slots (the kept set at a budget is unchanged, so output is too); "
+                          "'off' uses the raw scores.", _parse_str, choices=DCUT_CALIBRATION_CHOICES)
     cost_table: Optional[str] = _f(None, "--dcut-cost-table", "Load this cost-table JSON instead of profiling at "
                                    "launch.", _parse_optional_str, metavar="PATH")
     cache_dir: Optional[str] = _f(None, "--dcut-cache-dir", "Directory of the profiled cost-table cache (default: "
@@ -336,6 +343,8 @@ class DCutConfig:
         else:
             _check(isinstance(m, float) and math.isfinite(m) and 0.0 < m <= 1.0, "--dcut",
                    f"ratio must be in (0, 1], got {m}")
+        _check(self.calibration in DCUT_CALIBRATION_CHOICES, "--dcut-calibration",
+               f"expected one of {', '.join(DCUT_CALIBRATION_CHOICES)}, got {self.calibration!r}")
         t = tuple(float(x) for x in self.tiers)
         object.__setattr__(self, "tiers", t)
         _check(len(t) >= 1, "--dcut-tiers", "needs at least one tier")

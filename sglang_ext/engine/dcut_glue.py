@@ -76,6 +76,7 @@ from sglang_ext.dcut import (
     scatter_to_full,
     tier_keep_counts,
 )
+from sglang_ext.dcut.calibration import PowerCalibration
 
 logger = logging.getLogger(__name__)
 
@@ -384,6 +385,15 @@ class DCutMetrics:
                 f"{f(s['measured_step_ms'], '{:.2f}')}, exempt {s['exempt_requests']}")
 
 
+@dataclass
+class PendingObservation:
+    """What :meth:`DCutRunner.choose_step` kept, waiting for the step's accept lengths."""
+
+    scores: torch.Tensor  # [num_candidates, slots] raw survival of the draft slots
+    kept: torch.Tensor  # [num_candidates, slots] bool
+    cand: Optional[torch.Tensor]  # [num_candidates] batch rows; None = every row
+
+
 # ----------------------------------------------------------------------------- compact verify
 @dataclass
 class CompactVerify:
@@ -631,6 +641,9 @@ class DCutRunner:
         self.cost_table: Optional[CostTable] = None
         self.table_info: Dict[str, Any] = {"source": "none"}
         self.metrics = DCutMetrics(tiers=self.tiers)
+        calib = getattr(cfg, "calibration", "off")
+        self.calibration: Optional[PowerCalibration] = PowerCalibration() if calib == "power" else None
+        self._pending_obs: Optional[PendingObservation] = None
         self.forced_ratio: Optional[float] = None
         self.override_ratio: Optional[float] = None
         self.compact: Optional[bool] = None
@@ -678,6 +691,7 @@ class DCutRunner:
             "cost_table": table,
             "cost_table_info": dict(self.table_info),
             "hf_config_matches": hf_matches,
+            "calibration": self.cfg.calibration if self.calibration is not None else "off",
         }
 
     # ------------------------------------------------------------------ per step
@@ -698,6 +712,45 @@ class DCutRunner:
         if not (0.0 < r <= 1.0) or math.isnan(r):
             raise ValueError(f"dcut_force_ratio must be in (0, 1] or 0 (configured mode), got {ratio}")
         self.override_ratio = r
+
+    def choose_step(self, scores: torch.Tensor, cand: Optional[torch.Tensor], n: int,
+                    topology: Optional[TreeTopology] = None):  # scores: [num_candidates, slots]
+        """The planner's decision for this step's candidate requests (shared by EAGLE and DFlash).
+
+        ``scores`` are the raw survival scores (chains ``[nb, N - 1]``, trees ``[nb, N]`` with
+        the root column); in ``auto`` mode the planner sees them through the online calibration
+        (a strictly increasing map: same kept set at any budget, only the tier moves). The raw
+        scores and the kept slots are remembered for :meth:`observe_step`. ``cand``: ``[nb]``
+        batch rows of the candidates (None: every row).
+        """
+        mode = self._mode()
+        planned = scores
+        if self.calibration is not None and mode == MODE_AUTO:
+            planned = self.calibration.apply(scores)
+        plan = choose(planned, self.cost_table, self.tiers, mode, topology=topology, num_draft_tokens=n)
+        if self.calibration is not None:
+            if plan.keep_mask is not None:
+                kept = plan.keep_mask.to(torch.bool)
+                obs_scores, kept = scores[:, 1:], kept[:, 1:]  # drop the root column
+            else:
+                slots = scores.shape[1]
+                kept = torch.arange(slots, device=scores.device).view(1, slots) < plan.keep_lens.view(-1, 1)
+                obs_scores = scores
+            self._pending_obs = PendingObservation(obs_scores, kept, cand)
+        return plan
+
+    def observe_step(self, accept_lens: Optional[torch.Tensor]) -> None:  # accept_lens: [batch_size]
+        """Feed the calibration with the step's kept scores and its candidates' accepted drafts."""
+        obs, self._pending_obs = self._pending_obs, None
+        if obs is None or self.calibration is None or accept_lens is None:
+            return
+        lens = accept_lens.detach().to(torch.int64)
+        if obs.cand is not None:
+            lens = lens.index_select(0, obs.cand.to(lens.device))
+        if lens.shape[0] != obs.scores.shape[0]:
+            return  # a batch the planner did not see (never expected; skip rather than mis-attribute)
+        accepted = (lens - 1).clamp(min=0).sum()  # bonus excluded
+        self.calibration.observe(obs.scores, accepted, kept=obs.kept)
 
     def verify(self, worker: Any, batch: Any, pp_proxy_tensors: Any, grammar_barrier: Any,
                base_verify: Callable) -> Any:
@@ -738,6 +791,9 @@ class DCutRunner:
         if timing is not None:
             timing.add("verify_rest", _timed_now(batch.seq_lens.device) - t1 - timing._pending["target_forward"])
         self.metrics.record(decision, getattr(result, "accept_lens", None))
+        if self.forced_ratio is None:
+            self.observe_step(getattr(result, "accept_lens", None))
+        self._pending_obs = None
         if self.log_interval and self.forced_ratio is None and self.metrics.steps % self.log_interval == 0:
             logger.info(self.metrics.log_line())
         return result
@@ -792,7 +848,7 @@ class DCutRunner:
             s = s.index_select(0, sub)
         if self.metrics.timing is not None and not scores.is_tree:
             self.metrics.timing.add_survival(s)
-        plan = choose(s, self.cost_table, self.tiers, self._mode(), topology=topology, num_draft_tokens=n)
+        plan = self.choose_step(s, sub, n, topology=topology)
 
         nb = len(cand)
         predicted = None

@@ -79,6 +79,8 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
             state[SERVER_INFO_KEY] = {"metrics": runner.metrics.summary(),
                                       "cost_table_info": dict(runner.table_info),
                                       "override_ratio": runner.override_ratio,
+                                      "calibration": (None if runner.calibration is None
+                                                      else runner.calibration.summary()),
                                       "kv_pool": kv_pool_state(scheduler)}
         except Exception as e:  # metrics must never break /server_info
             logger.warning("D-Cut metrics unavailable: %s", e)

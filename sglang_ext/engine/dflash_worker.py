@@ -100,7 +100,7 @@ import torch
 import sglang.srt.speculative.dflash_worker_v2 as _dflash_v2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _DflashDraftSampler
 
-from sglang_ext.dcut import NO_TIER, chain_keep_mask, chain_retrive, chain_survival, choose, compact_tree
+from sglang_ext.dcut import NO_TIER, chain_keep_mask, chain_retrive, chain_survival, compact_tree
 from sglang_ext.dcut.tiers import tier_keep_counts
 from sglang_ext.engine.dcut_glue import (
     FULL_TIER,
@@ -453,7 +453,7 @@ class DFlashDCutRunner(DCutRunner):
         sub = torch.tensor(cand, dtype=torch.int64, device=device) if n_exempt else None
         if sub is not None:
             scores = scores.index_select(0, sub)
-        plan = choose(scores, self.cost_table, self.tiers, self._mode(), num_draft_tokens=n)
+        plan = self.choose_step(scores, sub, n)
         nb = len(cand)
         predicted = None
         if plan.mode == "auto" and self.cost_table is not None and plan.tier_index != NO_TIER:
@@ -544,6 +544,9 @@ class DFlashDCutRunner(DCutRunner):
         if st.decision is None:
             return
         self.metrics.record(st.decision, getattr(result, "accept_lens", None))
+        if self.forced_ratio is None:
+            self.observe_step(getattr(result, "accept_lens", None))
+        self._pending_obs = None
         if self.log_interval and self.metrics.steps % self.log_interval == 0:
             logger.info(self.metrics.log_line())
 
