@@ -288,7 +288,7 @@ def run_bench(args) -> dict:
     try:
         info = dcut_info(eng)
         spec = _measure(eng, prompts, args.bs_list, args, modes=MODES, set_mode=set_mode,
-                        stats=lambda: dcut_states(eng)[0]["metrics"])
+                        stats=lambda: _stats_with_calibration(dcut_states(eng)[0]))
         results.update(spec)
     finally:
         eng.shutdown()
@@ -347,7 +347,7 @@ def run_url(args) -> dict:
 
     def stats():
         st = dcut_states(url)
-        return st[0]["metrics"] if st and "metrics" in st[0] else None
+        return _stats_with_calibration(st[0]) if st and "metrics" in st[0] else None
 
     has_stats = stats() is not None
     try:
@@ -365,12 +365,21 @@ def run_url(args) -> dict:
             "dcut": dcut_stats, "lossless_vs_full": lossless}
 
 
+def _stats_with_calibration(state: dict) -> dict:
+    """The live D-Cut metrics plus the calibration exponent ``tau`` at this moment (None: off)."""
+    calib = state.get("calibration")
+    return {**state["metrics"], "calibration_tau": None if not calib else calib["tau"]}
+
+
 def _delta(before: dict, after: dict) -> dict:
     """D-Cut metrics of one run: ``after - before`` of two ``dcut_states(...)["metrics"]`` snapshots."""
     d = {k: after[k] - before[k] for k in ("steps", "pruned_steps", "verified_tokens", "full_tokens",
                                           "accepted_tokens")}
     hist = {k: v - before["tier_histogram"].get(k, 0) for k, v in after["tier_histogram"].items()}
     d["tier_histogram"] = {k: v for k, v in hist.items() if v}
+    if after.get("calibration_tau") is not None:  # summed over runs; _merge divides by "runs"
+        d["calibration_tau_sum"] = after["calibration_tau"]
+        d["runs"] = 1
     tb, ta = before.get("step_timing"), after.get("step_timing")
     if ta:
         steps = ta["steps"] - (tb["steps"] if tb else 0)
@@ -406,6 +415,8 @@ def _merge(runs: List[dict]) -> dict:
             else:
                 out[k] = out.get(k, 0) + v
     out["keep_ratio"] = out["verified_tokens"] / out["full_tokens"] if out.get("full_tokens") else None
+    if out.get("runs"):
+        out["calibration_tau"] = out["calibration_tau_sum"] / out["runs"]
     if out.get("timed_steps"):
         out["step_ms"] = out["ms_total"] / out["timed_steps"]
         out["ms_per_step"] = {k: v / out["timed_steps"] for k, v in out["part_ms_total"].items()}
@@ -494,11 +505,14 @@ def _report_steps(st: dict, bs_list: List[int]) -> None:
     def g(m, b):
         return st.get(m, {}).get(_k(st.get(m, {}), b)) or {}
 
-    print("\nauto per batch size: keep ratio, tier histogram (steps)")
+    print("\nauto per batch size: keep ratio, tier histogram (steps), survival calibration exponent tau "
+          "(mean at the end of the auto runs; 1 = raw draft confidences)")
     for b in bs_list:
         a = g("auto", b)
         kr = a.get("keep_ratio")
-        print(f"  bs={b:>3}: keep {kr if kr is None else round(kr, 3)}  tiers {a.get('tier_histogram')}")
+        tau = a.get("calibration_tau")
+        print(f"  bs={b:>3}: keep {kr if kr is None else round(kr, 3)}  tiers {a.get('tier_histogram')}"
+              + ("" if tau is None else f"  tau {tau:.2f}"))
     full = [g("full", b) for b in bs_list]
     if any(f.get("accept_survival") for f in full):
         print("\nacceptance along the chain (full verify): mean accept length (bonus incl.) and P(len >= k)")
