@@ -71,6 +71,15 @@ def kv_pool_state(scheduler: Any) -> dict:
     }
 
 
+def tier_graph_stats(scheduler: Any) -> Optional[dict]:
+    """Replay counts of the per-(batch size, tier) verify graphs (``dcut_graphs``), or None when
+    the target runs no ``DCutVerifyGraphRunner`` (CPU, other attention backends, graphs off)."""
+    worker = getattr(scheduler, "draft_worker", None)
+    model_runner = getattr(getattr(worker, "target_worker", None), "model_runner", None)
+    stats = getattr(getattr(model_runner, "decode_cuda_graph_runner", None), "dcut_graph_stats", None)
+    return stats() if callable(stats) else None
+
+
 def after_get_internal_state(result, scheduler, *args, **kwargs):
     runner = dcut_runner_of(scheduler)
     state = getattr(result, "internal_state", None)
@@ -81,6 +90,7 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
                                       "override_ratio": runner.override_ratio,
                                       "calibration": (None if runner.calibration is None
                                                       else runner.calibration.summary()),
+                                      "tier_graphs": tier_graph_stats(scheduler),
                                       "kv_pool": kv_pool_state(scheduler)}
         except Exception as e:  # metrics must never break /server_info
             logger.warning("D-Cut metrics unavailable: %s", e)

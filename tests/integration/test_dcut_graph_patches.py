@@ -444,3 +444,27 @@ def test_capture_of_tier_graphs(monkeypatch):
     events.clear()
     r2._capture_one_stream(None)
     assert events == [("uniform", None)] and len(r2.dcut_table) == 0 and r2.dcut_unsupported == "LoRA"
+
+
+def test_tier_graph_stats_reach_the_live_state():
+    """``internal_states[i].dcut.tier_graphs``: the runner's replay counts via the scheduler, None without it."""
+    from sglang_ext.engine.dcut_hooks import tier_graph_stats
+
+    gen = torch.Generator().manual_seed(5)
+    r2t = (torch.randperm(MAX_BS * 16, generator=gen) + 1).view(MAX_BS, 16)
+    r = _runner(_backend(r2t, _Wrapper(), []), dg.TierGraphTable(dg.tier_graph_keys([1, 2, 4, 8], N)))
+    keep = torch.tensor([[1, 1, 0, 1], [1, 0, 1, 0]], dtype=torch.bool)
+    fb, _, _ = _compact_batch(r2t, torch.tensor([5, 2]), torch.tensor([3, 6]), keep)
+    assert r.can_run_graph(fb) is True
+    r.load_batch(fb)
+
+    def scheduler(graph_runner):
+        mr = SimpleNamespace(decode_cuda_graph_runner=graph_runner)
+        return SimpleNamespace(draft_worker=SimpleNamespace(target_worker=SimpleNamespace(model_runner=mr)))
+
+    stats = tier_graph_stats(scheduler(r))
+    assert stats == {"tier_graphs": len(r.dcut_table), "unsupported": r.dcut_unsupported, "replays": 1,
+                     "eager_steps": 0}
+    assert stats["tier_graphs"] > 0
+    assert tier_graph_stats(scheduler(None)) is None  # CPU / eager: no graph runner
+    assert tier_graph_stats(SimpleNamespace()) is None  # not a speculative scheduler
