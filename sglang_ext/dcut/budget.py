@@ -23,9 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import functools
+
 import torch
 
-from sglang_ext.dcut.tree import TreeTopology, path_reduce
+from sglang_ext.dcut.tree import TreeTopology, _constant, _node_ids, path_reduce
 
 __all__ = [
     "Ranking",
@@ -78,40 +80,94 @@ class Ranking:
 
 def _finish_ranking(
     order: torch.Tensor,  # [num_candidates]
-    flat_scores: torch.Tensor,  # [batch_size * row_width], -inf = ineligible
+    flat_scores: torch.Tensor,  # [batch_size * row_width], -inf = ineligible, no NaN / +inf
     batch_size: int,
     row_width: int,
     is_tree: bool,
+    num_eligible: Optional[torch.Tensor] = None,  # 0-d int64 when the caller knows it
 ) -> Ranking:
-    s = flat_scores.index_select(0, order).to(torch.float64)
-    eligible = s > float("-inf")
-    s = torch.where(eligible, s, torch.zeros_like(s))
-    prefix = torch.zeros(s.shape[0] + 1, dtype=torch.float64, device=s.device)
-    prefix[1:] = torch.cumsum(s, dim=0)
+    s32 = flat_scores.index_select(0, order)
+    if num_eligible is None:
+        num_eligible = torch.count_nonzero(s32 > float("-inf"))
+    s = s32.to(torch.float64).nan_to_num_(neginf=0.0)  # ineligible (-inf) -> 0
+    # Leading 0, then the running sums (cumsum accumulates from 0, so this is bit-identical
+    # to writing the cumsum behind a zero).
+    zero = _constant(0.0, torch.float64, s.device).expand(1)
+    prefix = torch.cat([zero, torch.cumsum(s, dim=0)])
     return Ranking(
         order=order,
         sorted_scores=s,
         prefix_sums=prefix,
-        num_eligible=eligible.sum(),
+        num_eligible=num_eligible,
         batch_size=batch_size,
         row_width=row_width,
         is_tree=is_tree,
     )
 
 
-_FLOAT_KEY_MAX = (1 << 32) - 1
+_SCORE_SHIFT = 1 << 31
+"""The score part of the int64 sort key is scaled by this; the tie-break part stays below it."""
 
 
-def _float_key(x: torch.Tensor) -> torch.Tensor:
-    """Order-preserving map of float32 values (no NaN) to int64 in ``[0, 2**32)``."""
-    bits = x.to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
-    mono = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF))  # -0.0 and 0.0 both map to 0
-    return mono + (1 << 31)
+def _monotone_float_bits(x: torch.Tensor) -> torch.Tensor:  # same shape, int32
+    """Order-preserving map of float32 values (no NaN) to int32; ``-0.0`` and ``0.0`` tie.
+
+    Non-negative floats keep their bit pattern; a negative float of magnitude bits ``m >= 1``
+    maps to ``-1 - m``.
+
+    Examples
+    --------
+    >>> _monotone_float_bits(torch.tensor([-1.0, -0.0, 0.0, 1.0])).tolist()
+    [-1065353217, 0, 0, 1065353216]
+    """
+    bits = (x.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0
+    return (bits >> 31).bitwise_and_(0x7FFFFFFF).bitwise_xor_(bits)
+
+
+_NEG_INF_BITS = -0x800000
+"""The float32 bits of ``-inf`` read as int32 (``0xFF800000``)."""
+
+
+def _score_image(
+    scores: torch.Tensor,  # [num] float32, finite or -inf (no NaN, no +inf)
+) -> tuple[torch.Tensor, int]:  # [num] int32, and the smallest sort key of a -inf score
+    """Monotone int32 image of sanitized float32 scores and the sort-key bound of ``-inf``.
+
+    Fast path: when no finite score has its sign bit set (scores in ``[+0.0, inf)``, the case
+    of survival scores), the float bits read as int32 are already monotone (``-inf`` reads as
+    a negative int below every non-negative score). Otherwise :func:`_monotone_float_bits`
+    handles negative scores and ``-0.0``. Both give the same order, hence the same ranking.
+    Keys ``tie - (mono + 1) * 2**31`` with ``tie - 2**31`` in ``[-2**31, 0)`` are below the
+    returned bound exactly for finite scores.
+
+    Examples
+    --------
+    >>> _score_image(torch.tensor([0.5, float("-inf")]))[0].tolist()
+    [1056964608, -8388608]
+    >>> _score_image(torch.tensor([-0.5, float("-inf")]))[0].tolist()
+    [-1056964609, -2139095041]
+    """
+    bits = scores.view(torch.int32)
+    if bits.numel() == 0 or bool(bits.amin() >= _NEG_INF_BITS):
+        return bits, 0  # -inf keys >= (2**23 - 2) * 2**31, finite keys < 0
+    return _monotone_float_bits(scores), (0x7F800000 - 1) * _SCORE_SHIFT
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_ids_shifted_cached(total: int, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):
+        return torch.arange(total, dtype=torch.int64, device=device) - _SCORE_SHIFT
+
+
+def _flat_ids_shifted(total: int, device) -> torch.Tensor:  # [total] int64, read-only
+    """``arange(total) - 2**31``: a cached per-shape constant (never modify it or hand it out)."""
+    return _flat_ids_shifted_cached(total, torch.device(device))
 
 
 def _sanitize(scores: torch.Tensor) -> torch.Tensor:
-    scores = scores.float()
-    return torch.where(torch.isfinite(scores), scores, torch.full_like(scores, float("-inf")))
+    # NaN and +-inf -> -inf (a new tensor).
+    inf = float("-inf")
+    return torch.nan_to_num(scores.float(), nan=inf, posinf=inf, neginf=inf)
 
 
 def rank_chain(
@@ -179,32 +235,40 @@ def rank_tree(
     """
     bs, n = scores.shape
     device = scores.device
-    scores = scores.float()
-    eligible = topology.reachable & torch.isfinite(scores)
+    reachable = topology.reachable_shared()
+    s = torch.where(reachable, scores.float(), _constant(float("-inf"), torch.float32, device))
     if candidate_mask is not None:
-        eligible &= candidate_mask.to(torch.bool)
-    s = torch.where(eligible, scores, float("-inf"))
+        s.masked_fill_(~candidate_mask.to(torch.bool), float("-inf"))
+    inf = float("-inf")
+    s.nan_to_num_(nan=inf, posinf=inf, neginf=inf)  # non-finite scores are ineligible
     # Running minimum along root paths; the root does not constrain (+inf, the identity).
     # Path-product survival scores are already non-increasing from parent to child (and an
     # ineligible node's descendants are ineligible), so one parent comparison usually
-    # replaces the pointer-jumping minimum.
-    s[:, 0] = float("inf")
-    if not bool((s <= s.gather(1, topology.parent.clamp(min=0))).all()):
+    # replaces the pointer-jumping minimum. ``jumps[0]`` is the parent array with the
+    # parentless nodes pointing to themselves (their scores are +inf or -inf).
+    s.select(1, 0).fill_(float("inf"))
+    up = topology.jumps[0] if topology.jumps else topology.parent.clamp(min=0)
+    if not bool((s <= s.gather(1, up)).all()):
         s = path_reduce(s, topology, "min")
-    s[:, 0] = float("-inf")  # roots are not candidates
-    # One int64 sort key: score descending (monotone integer image of the float32 score) in
-    # the high 32 bits, then (depth asc, request asc, node asc) in the low 31 bits.
-    # Unreachable nodes sort after every reachable one, roots after everything.
-    depth = torch.where(topology.reachable, topology.depth, torch.full_like(topology.depth, n))
-    depth[:, 0] = n + 1
-    flat_id = torch.arange(bs * n, device=device, dtype=torch.int64)
-    key2 = depth.reshape(-1) * (bs * n) + flat_id
+    s.select(1, 0).fill_(float("-inf"))  # roots are not candidates
     if (n + 2) * bs * n >= 1 << 31:
         raise ValueError(f"rank_tree: batch too large for the sort key (bs={bs}, nodes={n})")
-    flat_s = s.reshape(-1)
-    key = ((_FLOAT_KEY_MAX - _float_key(flat_s)) << 31) | key2
-    order = torch.sort(key).indices[: bs * (n - 1)]
-    return _finish_ranking(order, flat_s, bs, n, is_tree=True)
+    # One int64 sort key over the flat layout,
+    #     key = tie - (mono + 1) * 2**31,  tie = depth * (bs * n) + flat_id in [0, 2**31),
+    # ascending in (score desc, depth asc, request asc, node asc), where ``mono`` is a
+    # monotone integer image of the float32 score. Unreachable nodes take depth n, so they
+    # sort after every reachable node of the same score; roots (score -inf, depth n + 1)
+    # sort after everything and are cut off.
+    depth = torch.where(reachable, topology.depth, _constant(n, torch.int64, device))
+    depth.select(1, 0).fill_(n + 1)
+    tie_shifted = torch.add(_flat_ids_shifted(bs * n, device), depth.view(-1), alpha=bs * n)
+    mono, ineligible_key_min = _score_image(s.view(-1))
+    key = torch.add(tie_shifted, mono, alpha=-_SCORE_SHIFT)
+    sorted_key, perm = torch.sort(key)
+    order = perm[: bs * (n - 1)]
+    # Keys below the smallest key of a -inf score belong to eligible (finite) candidates.
+    num_eligible = torch.searchsorted(sorted_key, ineligible_key_min)
+    return _finish_ranking(order, s.view(-1), bs, n, is_tree=True, num_eligible=num_eligible)
 
 
 def top_sums(
@@ -258,11 +322,36 @@ def select(
     [True, False, True, False]
     """
     budget = max(0, min(int(budget), ranking.num_candidates))
+    return _select(ranking, torch.clamp(ranking.num_eligible, max=budget))
+
+
+def _select(
+    ranking: Ranking,
+    num_kept: torch.Tensor,  # 0-d int64, min(budget, num_eligible)
+    out: Optional[torch.Tensor] = None,  # [batch_size * row_width] bool, fresh, roots preset
+) -> torch.Tensor:  # [batch_size * row_width] bool
+    """:func:`select` given the kept count (device tensor, no host sync).
+
+    Writes into ``out`` when given (its non-candidate entries, the roots, are left as they are).
+    """
     device = ranking.order.device
-    take = torch.arange(ranking.num_candidates, device=device) < budget
-    take &= torch.arange(ranking.num_candidates, device=device) < ranking.num_eligible
-    flat = torch.zeros(ranking.batch_size * ranking.row_width, dtype=torch.bool, device=device)
-    return flat.scatter_(0, ranking.order, take)
+    take = _node_ids(ranking.num_candidates, device) < num_kept
+    if out is None:
+        out = torch.zeros(ranking.batch_size * ranking.row_width, dtype=torch.bool, device=device)
+    return out.scatter_(0, ranking.order, take)
+
+
+@functools.lru_cache(maxsize=64)
+def _root_mask_cached(batch_size: int, num_nodes: int, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):
+        mask = torch.zeros((batch_size, num_nodes), dtype=torch.bool, device=device)
+        mask[:, 0] = True
+        return mask.view(-1)
+
+
+def _roots_only(batch_size: int, num_nodes: int, device) -> torch.Tensor:
+    """A fresh ``[batch_size * num_nodes]`` bool mask, True exactly at the roots."""
+    return _root_mask_cached(batch_size, num_nodes, torch.device(device)).clone()
 
 
 def keep_lens_from_selection(

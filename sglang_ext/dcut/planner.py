@@ -9,6 +9,7 @@ the glossary of shape names.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from fractions import Fraction
@@ -18,12 +19,11 @@ import torch
 
 from sglang_ext.dcut.budget import (
     Ranking,
+    _roots_only,
+    _select,
     keep_lens_from_selection,
-    keep_mask_from_selection,
     rank_chain,
     rank_tree,
-    select,
-    top_sums,
 )
 from sglang_ext.dcut.cost_table import CostTable
 from sglang_ext.dcut.tiers import (
@@ -155,12 +155,14 @@ def _make_plan(
 ) -> DCutPlan:
     bs = ranking.batch_size
     budget = max(0, min(int(budget), ranking.num_candidates))
-    selected = select(ranking, budget)
-    if ranking.is_tree:
-        keep_lens, keep_mask = None, keep_mask_from_selection(selected, bs, ranking.row_width)
-    else:
-        keep_lens, keep_mask = keep_lens_from_selection(selected, bs, ranking.row_width), None
     num_kept = torch.clamp(ranking.num_eligible, max=budget)
+    if ranking.is_tree:  # roots are always kept
+        device = ranking.order.device
+        selected = _select(ranking, num_kept, out=_roots_only(bs, ranking.row_width, device))
+        keep_lens, keep_mask = None, selected.view(bs, ranking.row_width)
+    else:
+        selected = _select(ranking, num_kept)
+        keep_lens, keep_mask = keep_lens_from_selection(selected, bs, ranking.row_width), None
     return DCutPlan(
         tier_index=tier_index,
         ratio=float(ratio),
@@ -175,6 +177,17 @@ def _make_plan(
         utilities=None if utilities is None else tuple(float(u) for u in utilities),
         profiled_batch_size=profiled_batch_size,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _index_tensor_cached(idx: tuple, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):
+        return torch.tensor(idx, dtype=torch.int64, device=device)
+
+
+def _index_tensor(idx: tuple, device) -> torch.Tensor:  # [len(idx)] int64, read-only
+    """Cached index tensor of the per-tier keep counts (the same every step)."""
+    return _index_tensor_cached(idx, torch.device(device))
 
 
 def _num_draft_tokens(scores: torch.Tensor, topology: Optional[TreeTopology], n: Optional[int]) -> int:
@@ -269,7 +282,9 @@ def choose(
         row = cost_table.lookup(bs) if cost_table is not None else None
         if row is not None:
             profiled_bs, costs = row
-            sums = top_sums(ranking, torch.tensor(tier_keeps, dtype=torch.int64)).tolist()
+            # S(keep) per tier: one gather from the prefix sums and one host read.
+            idx = tuple(min(k, ranking.num_candidates) for k in tier_keeps)
+            sums = ranking.prefix_sums.index_select(0, _index_tensor(idx, scores.device)).tolist()
             utilities = [(bs + s) / c for s, c in zip(sums, costs)]
             q = best_utility_index(utilities, costs)
             return _make_plan(

@@ -15,12 +15,13 @@ See ``tree.py`` for the glossary of shape names.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from sglang_ext.dcut.tree import TreeTopology, path_reduce
+from sglang_ext.dcut.tree import TreeTopology, _constant, path_reduce
 
 INELIGIBLE_SCORE = float("-inf")
 
@@ -121,23 +122,19 @@ def confidence_from_probs(
     return draft_probs.float().gather(-1, token_ids.to(torch.int64).unsqueeze(-1)).squeeze(-1)
 
 
-def _log_conf(conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """log of clamped confidences, NaN where the confidence is not finite."""
+def _log_conf(conf: torch.Tensor) -> torch.Tensor:
+    """log of clamped confidences, NaN exactly where the confidence is not finite."""
     conf = conf.float()
-    finite = torch.isfinite(conf)
-    return torch.where(finite, conf.clamp(0.0, 1.0).log(), float("nan")), ~finite
+    # ``conf - conf`` is 0 for finite confidences and NaN for NaN / +-inf; adding it leaves
+    # the finite logs unchanged (``log`` never returns -0.0).
+    return conf.clamp(0.0, 1.0).log_().add_(conf - conf)
 
 
-def _finish(
+def _scores_from_log(
     log_s: torch.Tensor,  # NaN where ineligible
-    nonfinite: torch.Tensor,  # bool, same shape
-    scored: Optional[torch.Tensor] = None,  # bool, nodes that are candidates (default: all)
-) -> SurvivalScores:
-    ineligible = torch.isnan(log_s)
-    scores = torch.where(ineligible, INELIGIBLE_SCORE, log_s.exp())
-    if scored is not None:
-        nonfinite, ineligible = nonfinite & scored, ineligible & scored
-    return SurvivalScores(scores=scores, num_nonfinite=nonfinite.sum(), num_ineligible=ineligible.sum())
+) -> torch.Tensor:  # float32 survival scores, INELIGIBLE_SCORE where ineligible
+    # Path sums of logs of [0, 1] values are <= 0, so ``exp`` is finite: only NaN is replaced.
+    return log_s.exp().nan_to_num_(nan=INELIGIBLE_SCORE)
 
 
 def chain_survival(
@@ -165,9 +162,15 @@ def chain_survival(
     >>> s.scores.tolist(), int(s.num_nonfinite), int(s.num_ineligible)
     ([[0.5, 0.25, 0.25], [0.8999999761581421, -inf, -inf]], 1, 2)
     """
-    logc, nonfinite = _log_conf(conf)
+    logc = _log_conf(conf)
+    nonfinite = torch.isnan(logc)
     log_s = torch.cumsum(logc, dim=1)  # NaN propagates to all later slots
-    return _finish(log_s, nonfinite)
+    ineligible = torch.isnan(log_s)
+    return SurvivalScores(
+        scores=_scores_from_log(log_s),
+        num_nonfinite=torch.count_nonzero(nonfinite),
+        num_ineligible=torch.count_nonzero(ineligible),
+    )
 
 
 def tree_survival(
@@ -201,13 +204,16 @@ def tree_survival(
         >>> tree_survival(torch.tensor([[1.0, 0.5, 0.25, 0.5]]), topo).scores.tolist()
         [[1.0, 0.5, 0.25, 0.25]]
     """
-    logc, nonfinite = _log_conf(conf)
-    reachable = topology.reachable
-    # Root: log 1 = 0 (the sum identity); nodes not linked to the root: NaN (ineligible).
-    logc[:, 0] = 0.0
-    logc = torch.where(reachable, logc, float("nan"))
-    nonfinite[:, 0] = False
-    nonfinite &= reachable
-    scored = torch.ones_like(nonfinite)
-    scored[:, 0] = False
-    return _finish(path_reduce(logc, topology, "sum"), nonfinite, scored)
+    logc = _log_conf(conf)
+    # Root: log 1 = 0 (the sum identity; the root is not scored, so it is never non-finite).
+    logc.select(1, 0).fill_(0.0)
+    nonfinite = torch.isnan(logc)
+    reachable = topology.reachable_shared()
+    # Nodes not linked to the root: NaN (ineligible, not counted as non-finite).
+    logc = torch.where(reachable, logc, _constant(math.nan, torch.float32, logc.device))
+    log_s = path_reduce(logc, topology, "sum")
+    num_nonfinite = torch.count_nonzero(nonfinite & reachable)
+    num_ineligible = torch.count_nonzero(torch.isnan(log_s[:, 1:]))  # scored (non-root) nodes
+    return SurvivalScores(
+        scores=_scores_from_log(log_s), num_nonfinite=num_nonfinite, num_ineligible=num_ineligible
+    )

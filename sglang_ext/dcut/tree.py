@@ -42,7 +42,8 @@ All ``*_indptr`` tensors are exclusive offsets with a leading 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -100,6 +101,32 @@ def num_jump_rounds(num_nodes: int) -> int:
     return max(1, (max(num_nodes - 1, 1) - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=64)
+def _arange_cached(n: int, device: torch.device) -> torch.Tensor:  # [n] int64
+    """``arange(n)`` shared across calls (read-only: never mutate it or hand it out)."""
+    with torch.inference_mode(False):
+        return torch.arange(n, dtype=torch.int64, device=device)
+
+
+def _node_ids(n: int, device) -> torch.Tensor:  # [n] int64, read-only
+    """Cached ``arange(n)`` on ``device`` (a per-shape constant of the planner's hot path)."""
+    return _arange_cached(n, torch.device(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _constant_cached(value, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):
+        return torch.tensor(value, dtype=dtype, device=device)
+
+
+def _constant(value, dtype: torch.dtype, device) -> torch.Tensor:  # 0-d, read-only
+    """Cached 0-d tensor (cheaper than a Python scalar as the ``other`` of ``torch.where``).
+
+    Pass NaN as ``math.nan`` (one shared object: NaN keys only hit the cache by identity).
+    """
+    return _constant_cached(value, dtype, torch.device(device))
+
+
 def _with_sentinel(
     x: torch.Tensor,  # [batch_size, num_nodes]
     fill,
@@ -136,11 +163,15 @@ class TreeTopology:
         or the last ancestor on the way (nodes without a parent point to themselves). Path
         reductions (survival products, running minima) reuse it instead of re-jumping;
         ``None`` (a topology built by hand) makes them rebuild it from ``parent``.
+    reachable_mask : torch.Tensor, optional
+        ``[batch_size, num_nodes]`` bool, ``depth >= 0`` computed once by the constructors and
+        shared read-only by the planner's hot path; ``None`` recomputes it from ``depth``.
     """
 
     parent: torch.Tensor  # [batch_size, num_nodes]
     depth: torch.Tensor  # [batch_size, num_nodes]
     jumps: Optional[tuple] = None  # <= num_jump_rounds(num_nodes) x [batch_size, num_nodes]
+    reachable_mask: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
@@ -152,8 +183,18 @@ class TreeTopology:
 
     @property
     def reachable(self) -> torch.Tensor:  # [batch_size, num_nodes] bool
-        """Nodes linked to their request's root (root included)."""
+        """Nodes linked to their request's root (root included); a fresh tensor."""
         return self.depth >= 0
+
+    def reachable_shared(self) -> torch.Tensor:  # [batch_size, num_nodes] bool, read-only
+        """:attr:`reachable` without a copy when the constructor stored it (do not modify it).
+
+        Examples
+        --------
+        >>> TreeTopology.from_parents(torch.tensor([[-1, 0, -1]])).reachable_shared().tolist()
+        [[True, True, False]]
+        """
+        return self.reachable_mask if self.reachable_mask is not None else self.depth >= 0
 
     @classmethod
     def from_parents(
@@ -184,11 +225,12 @@ class TreeTopology:
             [[0, 1, 1, 2]]
         """
         parent = parent.to(torch.int64)
-        bs, n = parent.shape
-        self_idx = torch.arange(n, device=parent.device).expand(bs, n)
+        n = parent.shape[1]
         has_parent = parent >= 0
-        jump = torch.where(has_parent, parent, self_idx)
-        dist = has_parent.to(torch.int64)
+        # Nodes without a parent point to themselves (broadcast [num_nodes] row of node ids).
+        device = parent.device
+        jump = torch.where(has_parent, parent, _node_ids(n, device))
+        dist = has_parent.to(torch.int32)  # int32 adds are cheaper; depths < num_nodes
         jumps = []
         for _ in range(num_jump_rounds(n)):
             nxt = jump.gather(1, jump)
@@ -197,15 +239,16 @@ class TreeTopology:
                 # deepest path (further rounds would only add the tops' identity values).
                 break
             jumps.append(jump)
-            dist = dist + dist.gather(1, jump)
+            dist += dist.gather(1, jump)
             jump = nxt
         # ``jump`` is now the top of each node's ancestor chain.
         reachable = jump == 0
-        depth = torch.where(reachable, dist, torch.full_like(dist, UNREACHABLE_DEPTH))
+        depth = torch.where(reachable, dist, _constant(UNREACHABLE_DEPTH, torch.int32, device))
+        depth = depth.to(torch.int64)
         clean_parent = torch.where(
-            reachable & has_parent, parent, torch.full_like(parent, NO_PARENT)
+            reachable & has_parent, parent, _constant(NO_PARENT, torch.int64, device)
         )
-        return cls(parent=clean_parent, depth=depth, jumps=tuple(jumps))
+        return cls(parent=clean_parent, depth=depth, jumps=tuple(jumps), reachable_mask=reachable)
 
     @classmethod
     def from_retrive(
@@ -277,14 +320,16 @@ def path_reduce(
     [[0.0, 1.0, 3.0, 4.0]]
     """
     jumps = topology.jumps if topology.jumps is not None else TreeTopology.from_parents(topology.parent).jumps
-    if op == "sum":
-        for jump in jumps:
-            values = values + values.gather(1, jump)
-    elif op == "min":
-        for jump in jumps:
-            values = torch.minimum(values, values.gather(1, jump))
-    else:
+    if op not in ("sum", "min"):
         raise ValueError(f"path_reduce: unknown op {op!r}")
+    for k, jump in enumerate(jumps):
+        up = values.gather(1, jump)
+        if k == 0:  # the first round makes the private copy; later rounds update it in place
+            values = values + up if op == "sum" else torch.minimum(values, up)
+        elif op == "sum":
+            values += up
+        else:
+            torch.minimum(values, up, out=values)
     return values
 
 
@@ -321,26 +366,26 @@ def parents_from_retrive(
     """
     bs, n = retrive_next_token.shape
     device = retrive_next_token.device
-    src = torch.arange(n, device=device, dtype=torch.int64).expand(bs, n)
-    first_child = _links_to_sentinel(retrive_next_token, n)
-    next_sib = _links_to_sentinel(retrive_next_sibling, n)
+    # Shifted columns: node c lives in column c + 1, column 0 is the sink of NO_LINK (-1 + 1).
+    first_child = retrive_next_token.to(torch.int64).clamp(min=NO_LINK) + 1
+    next_sib = retrive_next_sibling.to(torch.int64).clamp(min=NO_LINK) + 1
+    ids = _node_ids(n + 1, device)
 
-    # parent_of_head[b, c] = u when c is the first child of u (column n is a sink).
+    # parent_of_head[b, c + 1] = u when c is the first child of u.
     parent_of_head = torch.full((bs, n + 1), NO_PARENT, dtype=torch.int64, device=device)
-    parent_of_head.scatter_(1, first_child, src)
-    parent_of_head[:, n] = NO_PARENT
+    parent_of_head.scatter_(1, first_child, ids[:n].expand(bs, n))
 
-    # prev[b, v] = the sibling that links to v; v itself for list heads.
-    prev = torch.arange(n + 1, device=device, dtype=torch.int64).expand(bs, n + 1).clone()
-    prev.scatter_(1, next_sib, src)
-    prev[:, n] = n
+    # prev[b, v + 1] = (the sibling that links to v) + 1; v + 1 itself for list heads.
+    prev = ids.expand(bs, n + 1).clone()
+    prev.scatter_(1, next_sib, ids[1:].expand(bs, n))
+    prev[:, 0] = 0  # the sink points to itself (real columns never point to it)
     head = prev
     for _ in range(num_jump_rounds(n + 1)):
         nxt = head.gather(1, head)
         if torch.equal(nxt, head):  # every pointer reached its list head
             break
         head = nxt
-    return parent_of_head.gather(1, head[:, :n])
+    return parent_of_head.gather(1, head[:, 1:])
 
 
 def retrive_from_parents(

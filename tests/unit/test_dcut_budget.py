@@ -8,6 +8,7 @@ Budget: < 8 s.
 """
 
 import itertools
+import math
 import random
 
 import torch
@@ -215,3 +216,72 @@ def test_empty_batch_and_rootless_candidates():
     topo = TreeTopology.from_parents(torch.full((2, 1), -1))
     plan = choose(torch.ones(2, 1), None, mode="off", topology=topo)
     assert plan.budget == 0 and plan.keep_mask.tolist() == [[True], [True]]
+
+
+def _reference_tree_ranking(parents, scores):
+    """(order, num_eligible, prefix sums, scores) by the documented rule, in plain Python.
+
+    Effective score: the minimum over the root path (root excluded) with non-finite scores as
+    -inf; rank by (score desc, depth asc, request asc, node asc); prefix sums accumulate the
+    eligible scores in float64 in that order (ineligible ones count as 0).
+    """
+    bs, n = len(parents), len(parents[0])
+    rows = []
+    for b in range(bs):
+        for v in range(1, n):
+            path, u = [], v
+            while u != 0:
+                path.append(u)
+                u = parents[b][u]
+            rows.append((min(scores[b][u] if math.isfinite(scores[b][u]) else NEG for u in path),
+                          len(path), b, v))
+    rows.sort(key=lambda r: (-r[0], r[1], r[2], r[3]))
+    order = [b * n + v for _, _, b, v in rows]
+    prefix, acc = [0.0], 0.0
+    for s, _, _, _ in rows:
+        acc += s if s != NEG else 0.0
+        prefix.append(acc)
+    return order, sum(1 for r in rows if r[0] != NEG), prefix, [r[0] for r in rows]
+
+
+def test_score_key_fast_and_general_paths_match_reference(monkeypatch):
+    # Scores in [+0.0, 1] (plus -inf / NaN) take the fast sort key (float bits as int32);
+    # negative scores or -0.0 take the general monotone map. Both must rank exactly like the
+    # plain-Python reference, and each case must really use its path.
+    import sglang_ext.dcut.budget as budget_mod
+
+    general_calls = []
+    real = budget_mod._monotone_float_bits
+    monkeypatch.setattr(budget_mod, "_monotone_float_bits", lambda x: general_calls.append(1) or real(x))
+    rng = random.Random(5)
+    seen_general = [0, 0]
+    for case in range(120):
+        bs, n = rng.randint(1, 4), rng.randint(2, 9)
+        parents = [random_parents(rng, n) for _ in range(bs)]
+        general = case % 2 == 1
+        scores = []
+        for b in range(bs):
+            row = [1.0] + [0.0] * (n - 1)
+            for v in range(1, n):
+                step = rng.choice([0.0, 0.0, 0.25, 0.5, rng.random()])
+                if general:  # non-increasing path sums that go negative, some -0.0
+                    row[v] = row[parents[b][v]] - 2 * step
+                    if row[v] == 0.0 and rng.random() < 0.5:
+                        row[v] = -0.0
+                else:  # path products in [0, 1]
+                    row[v] = row[parents[b][v]] * (1 - step)
+                if rng.random() < 0.08:
+                    row[v] = rng.choice([NEG, float("nan"), float("inf")])
+            scores.append(row)
+        t = torch.tensor(scores, dtype=torch.float32)
+        want_order, want_eligible, want_prefix, eff = _reference_tree_ranking(parents, t.tolist())
+        calls_before = len(general_calls)
+        r = rank_tree(t, TreeTopology.from_parents(torch.tensor(parents)))
+        # The general map is needed exactly when a candidate's score has its sign bit set.
+        needs_general = any(math.copysign(1.0, x) < 0 and x != NEG for x in eff)
+        assert (len(general_calls) > calls_before) == needs_general, case
+        seen_general[general] += needs_general
+        assert r.order.tolist() == want_order, case
+        assert int(r.num_eligible) == want_eligible, case
+        assert r.prefix_sums.tolist() == want_prefix, case
+    assert seen_general[0] == 0 and seen_general[1] > 30  # both paths were exercised
