@@ -164,6 +164,18 @@ def _flat_ids_shifted(total: int, device) -> torch.Tensor:  # [total] int64, rea
     return _flat_ids_shifted_cached(total, torch.device(device))
 
 
+@functools.lru_cache(maxsize=64)
+def _col_to_row_major_cached(rows: int, cols: int, device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):
+        ids = torch.arange(rows * cols, dtype=torch.int64, device=device)
+        return ids.view(rows, cols).t().reshape(-1)
+
+
+def _col_to_row_major(rows: int, cols: int, device) -> torch.Tensor:  # [rows * cols], read-only
+    """Row-major flat id of each column-major position (cached; never modify it)."""
+    return _col_to_row_major_cached(rows, cols, torch.device(device))
+
+
 def _sanitize(scores: torch.Tensor) -> torch.Tensor:
     # NaN and +-inf -> -inf (a new tensor).
     inf = float("-inf")
@@ -198,9 +210,8 @@ def rank_chain(
     # Column-major flattening is (depth asc, request asc); a stable sort on the score keeps it.
     col_major = s.t().reshape(-1)
     perm = torch.sort(col_major, descending=True, stable=True).indices
-    j = torch.div(perm, bs, rounding_mode="floor")
-    b = perm - j * bs
-    order = b * k + j
+    # Column-major position j * bs + b -> flat slot id b * k + j (a cached per-shape table).
+    order = _col_to_row_major(bs, k, scores.device).index_select(0, perm)
     return _finish_ranking(order, s.reshape(-1), bs, k, is_tree=False)
 
 

@@ -367,18 +367,19 @@ def parents_from_retrive(
     bs, n = retrive_next_token.shape
     device = retrive_next_token.device
     # Shifted columns: node c lives in column c + 1, column 0 is the sink of NO_LINK (-1 + 1).
-    first_child = retrive_next_token.to(torch.int64).clamp(min=NO_LINK) + 1
-    next_sib = retrive_next_sibling.to(torch.int64).clamp(min=NO_LINK) + 1
+    first_child = torch.add(retrive_next_token.to(torch.int64), 1).clamp_(min=0)
+    next_sib = torch.add(retrive_next_sibling.to(torch.int64), 1).clamp_(min=0)
     ids = _node_ids(n + 1, device)
 
-    # parent_of_head[b, c + 1] = u when c is the first child of u.
-    parent_of_head = torch.full((bs, n + 1), NO_PARENT, dtype=torch.int64, device=device)
-    parent_of_head.scatter_(1, first_child, ids[:n].expand(bs, n))
+    # parent_of_head[b, c + 1] = u when c is the first child of u (out-of-place scatters
+    # onto expanded constants: one fresh tensor each).
+    parent_of_head = _constant(NO_PARENT, torch.int64, device).expand(bs, n + 1).scatter(
+        1, first_child, ids[:n].expand(bs, n)
+    )
 
     # prev[b, v + 1] = (the sibling that links to v) + 1; v + 1 itself for list heads.
-    prev = ids.expand(bs, n + 1).clone()
-    prev.scatter_(1, next_sib, ids[1:].expand(bs, n))
-    prev[:, 0] = 0  # the sink points to itself (real columns never point to it)
+    prev = ids.expand(bs, n + 1).scatter(1, next_sib, ids[1:].expand(bs, n))
+    prev.select(1, 0).fill_(0)  # the sink points to itself (real columns never point to it)
     head = prev
     for _ in range(num_jump_rounds(n + 1)):
         nxt = head.gather(1, head)
