@@ -148,7 +148,7 @@ def _score_image(
     [-1056964609, -2139095041]
     """
     bits = scores.view(torch.int32)
-    if bits.numel() == 0 or bool(bits.amin() >= _NEG_INF_BITS):
+    if bits.numel() == 0 or bits.amin().item() >= _NEG_INF_BITS:
         return bits, 0  # -inf keys >= (2**23 - 2) * 2**31, finite keys < 0
     return _monotone_float_bits(scores), (0x7F800000 - 1) * _SCORE_SHIFT
 
@@ -259,7 +259,8 @@ def rank_tree(
     # parentless nodes pointing to themselves (their scores are +inf or -inf).
     s.select(1, 0).fill_(float("inf"))
     up = topology.jumps[0] if topology.jumps else topology.parent.clamp(min=0)
-    if not bool((s <= s.gather(1, up)).all()):
+    # ``all(s <= s[up])`` as one elementwise min and an equality test (-0.0 == 0.0 there).
+    if not torch.equal(torch.minimum(s, s.gather(1, up)), s):
         s = path_reduce(s, topology, "min")
     s.select(1, 0).fill_(float("-inf"))  # roots are not candidates
     if (n + 2) * bs * n >= 1 << 31:

@@ -43,7 +43,6 @@ All ``*_indptr`` tensors are exclusive offsets with a leading 0.
 from __future__ import annotations
 
 import functools
-import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -496,8 +495,6 @@ def ancestor_mask(
     parent = parent.to(torch.int64)
     bs, n = parent.shape
     device = parent.device
-    if n <= _MASK_BITS and sys.byteorder == "little":
-        return _ancestor_mask_bits(parent)
     rows = torch.zeros((bs, n + 1, n), dtype=torch.bool, device=device)  # row n: sink
     rows[:, :n] = torch.eye(n, dtype=torch.bool, device=device)
     jump = _with_sentinel(_links_to_sentinel(parent, n), n)  # [bs, n + 1]
@@ -513,50 +510,6 @@ def ancestor_mask(
         rows = rows | picked.view(bs, n + 1, n)
         jump = jump.gather(1, jump)
     return rows[:, :n]
-
-
-_MASK_BITS = 64
-"""Trees of up to this many nodes get their ancestor rows as one int64 bit set per node."""
-
-
-@functools.lru_cache(maxsize=16)
-def _byte_bits_cached(device: torch.device) -> torch.Tensor:
-    with torch.inference_mode(False):
-        byte = torch.arange(256, dtype=torch.int64, device=device).unsqueeze(1)
-        return ((byte >> torch.arange(8, device=device)) & 1).to(torch.bool)
-
-
-def _byte_bits(device) -> torch.Tensor:  # [256, 8] bool, read-only
-    """Bit k of byte value b at ``[b, k]`` (cached)."""
-    return _byte_bits_cached(torch.device(device))
-
-
-def _ancestor_mask_bits(
-    parent: torch.Tensor,  # [batch_size, num_nodes] int64, NO_PARENT at the root; num_nodes <= 64
-) -> torch.Tensor:  # [batch_size, num_nodes, num_nodes] bool
-    """:func:`ancestor_mask` with each row packed into one int64 (bit u = column u).
-
-    Pointer jumping ORs whole rows with one gather per round instead of copying
-    ``num_nodes``-wide bool rows; the bits are unpacked once at the end.
-    """
-    bs, n = parent.shape
-    device = parent.device
-    ids = _node_ids(n + 1, device)
-    # bit v for node v (bit 63 is the sign bit: shifts and masks below are sign-safe); the
-    # sink (column n) has no bits.
-    rows = torch.bitwise_left_shift(torch.ones_like(ids), ids)
-    rows = rows.masked_fill(ids == n, 0).expand(bs, n + 1)
-    jump = _with_sentinel(_links_to_sentinel(parent, n), n)  # [bs, n + 1]
-    on_cpu = device.type == "cpu"
-    for _ in range(num_jump_rounds(n) + 1):
-        if on_cpu and bool((jump == n).all()):  # see ancestor_mask
-            break
-        rows = rows | rows.gather(1, jump)
-        jump = jump.gather(1, jump)
-    # Unpack: little-endian bytes of each row, each byte -> its 8 bits through a 256-row table.
-    row_bytes = rows[:, :n].contiguous().view(torch.uint8).view(-1).to(torch.int64)
-    unpacked = _byte_bits(device).index_select(0, row_bytes)  # [bs * n * 8, 8] bool
-    return unpacked.view(bs, n, 64)[:, :, :n]
 
 
 def _first_kept_after(
