@@ -154,14 +154,23 @@ def _score_image(
 
 
 @functools.lru_cache(maxsize=64)
-def _flat_ids_shifted_cached(total: int, device: torch.device) -> torch.Tensor:
+def _tie_base_cached(batch_size: int, num_nodes: int, device: torch.device) -> torch.Tensor:
     with torch.inference_mode(False):
-        return torch.arange(total, dtype=torch.int64, device=device) - _SCORE_SHIFT
+        total = batch_size * num_nodes
+        base = torch.arange(total, dtype=torch.int64, device=device) - _SCORE_SHIFT
+        base.view(batch_size, num_nodes)[:, 0] += (num_nodes + 1) * total
+        return base
 
 
-def _flat_ids_shifted(total: int, device) -> torch.Tensor:  # [total] int64, read-only
-    """``arange(total) - 2**31``: a cached per-shape constant (never modify it or hand it out)."""
-    return _flat_ids_shifted_cached(total, torch.device(device))
+def _tie_base(batch_size: int, num_nodes: int, device) -> torch.Tensor:  # [total] int64, read-only
+    """``flat_id - 2**31``, plus ``(num_nodes + 1) * total`` at the roots (cached constant).
+
+    Added to ``depth * total`` it gives the tie-break part of :func:`rank_tree`'s sort key
+    minus ``2**31``, with the roots at depth ``num_nodes + 1`` (after every candidate). A root
+    that is not reachable (a corrupt tree) lands even higher, past ``2**31``: still after
+    every candidate, and the roots are cut off anyway.
+    """
+    return _tie_base_cached(batch_size, num_nodes, torch.device(device))
 
 
 @functools.lru_cache(maxsize=64)
@@ -272,8 +281,7 @@ def rank_tree(
     # sort after every reachable node of the same score; roots (score -inf, depth n + 1)
     # sort after everything and are cut off.
     depth = torch.where(reachable, topology.depth, _constant(n, torch.int64, device))
-    depth.select(1, 0).fill_(n + 1)
-    tie_shifted = torch.add(_flat_ids_shifted(bs * n, device), depth.view(-1), alpha=bs * n)
+    tie_shifted = torch.add(_tie_base(bs, n, device), depth.view(-1), alpha=bs * n)
     mono, ineligible_key_min = _score_image(s.view(-1))
     key = torch.add(tie_shifted, mono, alpha=-_SCORE_SHIFT)
     sorted_key, perm = torch.sort(key)
