@@ -20,10 +20,9 @@ sorted scores) and the selection. See ``tree.py`` for the glossary of shape name
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional
-
-import functools
 
 import torch
 
@@ -137,8 +136,9 @@ def _score_image(
     of survival scores), the float bits read as int32 are already monotone (``-inf`` reads as
     a negative int below every non-negative score). Otherwise :func:`_monotone_float_bits`
     handles negative scores and ``-0.0``. Both give the same order, hence the same ranking.
-    Keys ``tie - (mono + 1) * 2**31`` with ``tie - 2**31`` in ``[-2**31, 0)`` are below the
-    returned bound exactly for finite scores.
+    Sort keys ``tie - (mono + 1) * 2**31`` with ``tie - 2**31`` in ``[-2**31, 0)`` (every
+    candidate) are below the returned bound exactly for finite scores; a ``-inf`` score
+    (roots included, whatever their tie) is at or above it.
 
     Examples
     --------
@@ -264,8 +264,9 @@ def rank_tree(
     # Running minimum along root paths; the root does not constrain (+inf, the identity).
     # Path-product survival scores are already non-increasing from parent to child (and an
     # ineligible node's descendants are ineligible), so one parent comparison usually
-    # replaces the pointer-jumping minimum. ``jumps[0]`` is the parent array with the
-    # parentless nodes pointing to themselves (their scores are +inf or -inf).
+    # replaces the pointer-jumping minimum. ``jumps[0]`` equals the parent array on reachable
+    # non-root nodes and points the root to itself; unreachable nodes (score -inf) pass the
+    # comparison wherever they point.
     s.select(1, 0).fill_(float("inf"))
     up = topology.jumps[0] if topology.jumps else topology.parent.clamp(min=0)
     # ``all(s <= s[up])`` as one elementwise min and an equality test (-0.0 == 0.0 there).
