@@ -12,7 +12,9 @@ The SGLang glue (``sglang_ext.engine``) calls these functions and nothing else:
 * the cost table: :class:`CostTable`, :class:`CostTableKey`, :class:`CostTableError`;
 * trees: :class:`TreeTopology`, :func:`cut_links` (same layout, pruned nodes unreachable),
   :func:`compact_tree` (ragged verify inputs), :func:`build_full_mask` (FULL_MASK layout),
-  :func:`scatter_to_full` (outputs back to the strided layout).
+  :func:`scatter_to_full` (outputs back to the strided layout);
+* online calibration of the survival scores for the tier choice:
+  :class:`~sglang_ext.dcut.calibration.PowerCalibration` (``s -> s ** tau``, monotone).
 
 A typical chain step::
 
