@@ -468,3 +468,11 @@ def test_tier_graph_stats_reach_the_live_state():
     assert stats["tier_graphs"] > 0
     assert tier_graph_stats(scheduler(None)) is None  # CPU / eager: no graph runner
     assert tier_graph_stats(SimpleNamespace()) is None  # not a speculative scheduler
+
+
+def test_model_runner_keeps_the_decode_graph_runner():
+    """Drift guard of ``tier_graph_stats``: SGLang stores the captured decode runner on the model runner."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    src = inspect.getsource(ModelRunner.init_decode_cuda_graph)
+    assert "self.decode_cuda_graph_runner = capture.runner" in src
