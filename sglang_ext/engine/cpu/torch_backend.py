@@ -77,6 +77,14 @@ sliding windows, attention sinks, LSE outputs, CUDA graphs (run eager:
 ``disable_cuda_graph=True``). Logit soft-capping (tanh) is supported. ``page_size`` must be 1
 for the multi-step draft (SGLang's CPU default).
 
+Speed and memory. Each layer gathers its padded keys/values from the pool in one pass into
+buffers the backend keeps (:class:`~sglang_ext.engine.cpu.torch_backend_plan.KVWorkspace`; pads
+read the group's own first cached key, masked): the buffers grow to the largest
+``groups x max_kv`` rows seen and are held for the backend's lifetime (two tensors of
+``rows x H_kv x head_dim`` in the forward's dtype). A multi-step draft round gathers its committed
+prefix once per draft layer and appends each step's rows (:class:`DraftRound`). Both shortcuts
+give bit-identical outputs (``tests/unit/test_torch_backend_plan_fastpaths.py``).
+
 Registration: :func:`register` (idempotent) adds the name ``torch_sdpa`` to SGLang's
 attention registry and CLI choices, and installs an AROUND hook on
 ``DraftBackendFactory._create_backend`` so EAGLE/EAGLE3 accept it (see ``patches/``).
