@@ -166,12 +166,15 @@ class TreeTopology:
     reachable_mask : torch.Tensor, optional
         ``[batch_size, num_nodes]`` bool, ``depth >= 0`` computed once by the constructors and
         shared read-only by the planner's hot path; ``None`` recomputes it from ``depth``.
+        It is used only while ``depth`` is the very tensor it was computed from (a copy made
+        with ``dataclasses.replace(topology, depth=...)`` recomputes it).
     """
 
     parent: torch.Tensor  # [batch_size, num_nodes]
     depth: torch.Tensor  # [batch_size, num_nodes]
     jumps: Optional[tuple] = None  # <= num_jump_rounds(num_nodes) x [batch_size, num_nodes]
     reachable_mask: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
+    mask_of_depth: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)  # depth it came from
 
     @property
     def batch_size(self) -> int:
@@ -194,7 +197,9 @@ class TreeTopology:
         >>> TreeTopology.from_parents(torch.tensor([[-1, 0, -1]])).reachable_shared().tolist()
         [[True, True, False]]
         """
-        return self.reachable_mask if self.reachable_mask is not None else self.depth >= 0
+        if self.reachable_mask is not None and self.mask_of_depth is self.depth:
+            return self.reachable_mask
+        return self.depth >= 0
 
     @classmethod
     def from_parents(
@@ -248,7 +253,8 @@ class TreeTopology:
         clean_parent = torch.where(
             reachable & has_parent, parent, _constant(NO_PARENT, torch.int64, device)
         )
-        return cls(parent=clean_parent, depth=depth, jumps=tuple(jumps), reachable_mask=reachable)
+        return cls(parent=clean_parent, depth=depth, jumps=tuple(jumps), reachable_mask=reachable,
+                   mask_of_depth=depth)
 
     @classmethod
     def from_retrive(

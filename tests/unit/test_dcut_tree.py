@@ -345,3 +345,17 @@ def test_pointer_jumping_stops_early_and_path_sums_stay_exact():
         by_hand = TreeTopology(parent=topo.parent, depth=topo.depth)
         assert path_reduce(values, by_hand, "sum").tolist() == want
     assert len(TreeTopology.from_parents(torch.tensor([star])).jumps) == 0
+
+
+def test_reachable_mask_is_not_reused_for_a_replaced_depth():
+    import dataclasses
+
+    topo = TreeTopology.from_parents(torch.tensor([[-1, 0, 1, -1]]))
+    assert topo.reachable_shared() is topo.reachable_mask  # shared, no copy
+    assert topo.reachable_shared().tolist() == [[True, True, True, False]]
+    # a copy with another depth must not answer with the stored mask of the old depth
+    cut = dataclasses.replace(topo, depth=torch.tensor([[0, 1, -1, -1]]))
+    assert cut.reachable_shared().tolist() == [[True, True, False, False]]
+    # a copy that keeps the depth keeps sharing the mask
+    same = dataclasses.replace(topo, jumps=None)
+    assert same.reachable_shared() is topo.reachable_mask
