@@ -729,9 +729,9 @@ def plan_draft_round(
     s_g = s[g_req]  # [G]
     num_groups = bs * topk
     max_cols = max(s_list) + num_steps - 1
-    col = torch.arange(max_cols, device=device).view(1, max_cols)  # [1, max_cols]
-    src_col = torch.where(col < s_g.view(-1, 1), col, torch.zeros_like(col))  # [G, max_cols]
-    kv_src = req_to_token[rows[g_req].view(-1, 1), src_col].to(torch.int64).reshape(-1)
+    prefix_lens = [int(x) for x in s_g.tolist()]
+    committed = gather_row_slots(req_to_token, rows[g_req], [0] * num_groups, prefix_lens)  # [sum(s_g)]
+    kv_src = padded_kv_source(prefix_lens, committed, max_cols)  # pads: the group's first slot
     j = torch.arange(num_steps - 1, device=device).view(1, -1)  # [1, num_steps - 1]
     step_cols = s_g.view(-1, 1) + g_branch.view(-1, 1) * num_steps + j  # [G, num_steps - 1]
     step_slots = req_to_token[rows[g_req].view(-1, 1), step_cols].to(torch.int64)
@@ -739,7 +739,7 @@ def plan_draft_round(
     return DraftRoundPlan(
         topk=int(topk),
         num_steps=int(num_steps),
-        prefix_lens=tuple(int(x) for x in s_g.tolist()),
+        prefix_lens=tuple(prefix_lens),
         max_cols=max_cols,
         kv_src=kv_src,
         step_slots=step_slots,
