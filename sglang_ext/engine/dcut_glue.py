@@ -62,6 +62,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from sglang_ext.config import DCUT_CALIBRATION_POWER
 from sglang_ext.dcut import (
     MODE_AUTO,
     MODE_OFF,
@@ -641,8 +642,8 @@ class DCutRunner:
         self.cost_table: Optional[CostTable] = None
         self.table_info: Dict[str, Any] = {"source": "none"}
         self.metrics = DCutMetrics(tiers=self.tiers)
-        calib = getattr(cfg, "calibration", "off")
-        self.calibration: Optional[PowerCalibration] = PowerCalibration() if calib == "power" else None
+        self.calibration: Optional[PowerCalibration] = (
+            PowerCalibration() if cfg.calibration == DCUT_CALIBRATION_POWER else None)
         self._pending_obs: Optional[PendingObservation] = None
         self.forced_ratio: Optional[float] = None
         self.override_ratio: Optional[float] = None
@@ -691,7 +692,7 @@ class DCutRunner:
             "cost_table": table,
             "cost_table_info": dict(self.table_info),
             "hf_config_matches": hf_matches,
-            "calibration": self.cfg.calibration if self.calibration is not None else "off",
+            "calibration": self.cfg.calibration,
         }
 
     # ------------------------------------------------------------------ per step
@@ -729,20 +730,17 @@ class DCutRunner:
             planned = self.calibration.apply(scores)
         plan = choose(planned, self.cost_table, self.tiers, mode, topology=topology, num_draft_tokens=n)
         if self.calibration is not None:
-            if plan.keep_mask is not None:
-                kept = plan.keep_mask.to(torch.bool)
-                obs_scores, kept = scores[:, 1:], kept[:, 1:]  # drop the root column
-            else:
-                slots = scores.shape[1]
-                kept = torch.arange(slots, device=scores.device).view(1, slots) < plan.keep_lens.view(-1, 1)
-                obs_scores = scores
-            self._pending_obs = PendingObservation(obs_scores, kept, cand)
+            tree = plan.keep_mask is not None
+            keep = plan.keep_mask if tree else chain_keep_mask(plan.keep_lens, n)  # [nb, N], root column 0
+            obs_scores = scores[:, 1:] if tree else scores  # draft slots only
+            self._pending_obs = PendingObservation(obs_scores, keep[:, 1:].to(torch.bool), cand)
         return plan
 
     def observe_step(self, accept_lens: Optional[torch.Tensor]) -> None:  # accept_lens: [batch_size]
-        """Feed the calibration with the step's kept scores and its candidates' accepted drafts."""
+        """Feed the calibration with the step's kept scores and its candidates' accepted drafts
+        (not while profiling: forced-ratio steps are not the workload); clears the pending step."""
         obs, self._pending_obs = self._pending_obs, None
-        if obs is None or self.calibration is None or accept_lens is None:
+        if obs is None or self.calibration is None or accept_lens is None or self.forced_ratio is not None:
             return
         lens = accept_lens.detach().to(torch.int64)
         if obs.cand is not None:
@@ -791,9 +789,7 @@ class DCutRunner:
         if timing is not None:
             timing.add("verify_rest", _timed_now(batch.seq_lens.device) - t1 - timing._pending["target_forward"])
         self.metrics.record(decision, getattr(result, "accept_lens", None))
-        if self.forced_ratio is None:
-            self.observe_step(getattr(result, "accept_lens", None))
-        self._pending_obs = None
+        self.observe_step(getattr(result, "accept_lens", None))
         if self.log_interval and self.forced_ratio is None and self.metrics.steps % self.log_interval == 0:
             logger.info(self.metrics.log_line())
         return result

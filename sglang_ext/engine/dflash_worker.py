@@ -544,9 +544,7 @@ class DFlashDCutRunner(DCutRunner):
         if st.decision is None:
             return
         self.metrics.record(st.decision, getattr(result, "accept_lens", None))
-        if self.forced_ratio is None:
-            self.observe_step(getattr(result, "accept_lens", None))
-        self._pending_obs = None
+        self.observe_step(getattr(result, "accept_lens", None))
         if self.log_interval and self.metrics.steps % self.log_interval == 0:
             logger.info(self.metrics.log_line())
 
