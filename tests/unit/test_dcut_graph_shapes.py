@@ -243,16 +243,7 @@ def test_env_switch():
 
 
 # ----------------------------------------------------------------------------- GPU script part (a2), CPU dry run
-def _gpu_script():
-    import importlib.util
-    import os
-
-    path = os.path.join(os.path.dirname(__file__), "..", "gpu", "run_gpu_checks.py")
-    spec = importlib.util.spec_from_file_location("run_gpu_checks_a2", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve their module by name
-    spec.loader.exec_module(mod)
-    return mod
+from gpu_script import load as _gpu_script  # noqa: E402
 
 
 def test_gpu_script_padded_replay_dry_run(monkeypatch):

@@ -13,11 +13,9 @@ Budget: < 30 s.
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import json
 import math
 import os
-import sys
 import struct
 import zlib
 
@@ -254,15 +252,7 @@ def test_graph_buffer_sizes_bound_every_plan_of_the_graph():
 
 
 # ----------------------------------------------------------------------------- the GPU script, dry run
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu", "run_gpu_checks.py")
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("run_gpu_checks", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve their module by name
-    spec.loader.exec_module(mod)
-    return mod
+from gpu_script import load as _script  # noqa: E402
 
 
 def _summary(out):
