@@ -20,13 +20,12 @@ sorted scores) and the selection. See ``tree.py`` for the glossary of shape name
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from sglang_ext.dcut.tree import TreeTopology, _constant, _node_ids, path_reduce
+from sglang_ext.dcut.tree import TreeTopology, _constant, _node_ids, device_constant, path_reduce
 
 __all__ = [
     "Ranking",
@@ -153,15 +152,7 @@ def _score_image(
     return _monotone_float_bits(scores), (0x7F800000 - 1) * _SCORE_SHIFT
 
 
-@functools.lru_cache(maxsize=64)
-def _tie_base_cached(batch_size: int, num_nodes: int, device: torch.device) -> torch.Tensor:
-    with torch.inference_mode(False):
-        total = batch_size * num_nodes
-        base = torch.arange(total, dtype=torch.int64, device=device) - _SCORE_SHIFT
-        base.view(batch_size, num_nodes)[:, 0] += (num_nodes + 1) * total
-        return base
-
-
+@device_constant()
 def _tie_base(batch_size: int, num_nodes: int, device) -> torch.Tensor:  # [total] int64, read-only
     """``flat_id - 2**31``, plus ``(num_nodes + 1) * total`` at the roots (cached constant).
 
@@ -170,19 +161,17 @@ def _tie_base(batch_size: int, num_nodes: int, device) -> torch.Tensor:  # [tota
     that is not reachable (a corrupt tree) lands even higher, past ``2**31``: still after
     every candidate, and the roots are cut off anyway.
     """
-    return _tie_base_cached(batch_size, num_nodes, torch.device(device))
+    total = batch_size * num_nodes
+    base = torch.arange(total, dtype=torch.int64, device=device) - _SCORE_SHIFT
+    base.view(batch_size, num_nodes)[:, 0] += (num_nodes + 1) * total
+    return base
 
 
-@functools.lru_cache(maxsize=64)
-def _col_to_row_major_cached(rows: int, cols: int, device: torch.device) -> torch.Tensor:
-    with torch.inference_mode(False):
-        ids = torch.arange(rows * cols, dtype=torch.int64, device=device)
-        return ids.view(rows, cols).t().reshape(-1)
-
-
+@device_constant()
 def _col_to_row_major(rows: int, cols: int, device) -> torch.Tensor:  # [rows * cols], read-only
     """Row-major flat id of each column-major position (cached; never modify it)."""
-    return _col_to_row_major_cached(rows, cols, torch.device(device))
+    ids = torch.arange(rows * cols, dtype=torch.int64, device=device)
+    return ids.view(rows, cols).t().reshape(-1)
 
 
 def _sanitize(scores: torch.Tensor) -> torch.Tensor:
@@ -362,17 +351,16 @@ def _select(
     return out.scatter_(0, ranking.order, take)
 
 
-@functools.lru_cache(maxsize=64)
-def _root_mask_cached(batch_size: int, num_nodes: int, device: torch.device) -> torch.Tensor:
-    with torch.inference_mode(False):
-        mask = torch.zeros((batch_size, num_nodes), dtype=torch.bool, device=device)
-        mask[:, 0] = True
-        return mask.view(-1)
+@device_constant()
+def _root_mask(batch_size: int, num_nodes: int, device) -> torch.Tensor:  # [total] bool, read-only
+    mask = torch.zeros((batch_size, num_nodes), dtype=torch.bool, device=device)
+    mask[:, 0] = True
+    return mask.view(-1)
 
 
 def _roots_only(batch_size: int, num_nodes: int, device) -> torch.Tensor:
     """A fresh ``[batch_size * num_nodes]`` bool mask, True exactly at the roots."""
-    return _root_mask_cached(batch_size, num_nodes, torch.device(device)).clone()
+    return _root_mask(batch_size, num_nodes, device).clone()
 
 
 def keep_lens_from_selection(

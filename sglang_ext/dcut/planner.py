@@ -9,7 +9,6 @@ the glossary of shape names.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from fractions import Fraction
@@ -36,7 +35,7 @@ from sglang_ext.dcut.tiers import (
     smallest_fitting_tier,
     tier_keep_counts,
 )
-from sglang_ext.dcut.tree import TreeTopology
+from sglang_ext.dcut.tree import TreeTopology, device_constant
 
 logger = logging.getLogger("sglang_ext.dcut")
 
@@ -179,15 +178,10 @@ def _make_plan(
     )
 
 
-@functools.lru_cache(maxsize=256)
-def _index_tensor_cached(idx: tuple, device: torch.device) -> torch.Tensor:
-    with torch.inference_mode(False):
-        return torch.tensor(idx, dtype=torch.int64, device=device)
-
-
+@device_constant(maxsize=256)
 def _index_tensor(idx: tuple, device) -> torch.Tensor:  # [len(idx)] int64, read-only
     """Cached index tensor of the per-tier keep counts (the same every step)."""
-    return _index_tensor_cached(idx, torch.device(device))
+    return torch.tensor(idx, dtype=torch.int64, device=device)
 
 
 def _num_draft_tokens(scores: torch.Tensor, topology: Optional[TreeTopology], n: Optional[int]) -> int:
