@@ -282,6 +282,146 @@ def make_plan(
     )
 
 
+#: Key rows (``groups x padded key columns``) one padded SDPA call may cover. A call's padded keys
+#: and values, ``rows x num_kv_heads x (qk_head_dim + v_head_dim)`` floats, should stay in the
+#: CPU's caches: on the testbed (3 heads of 64, fp32: 1.5 KiB per row) 4096 rows are 6 MiB, and
+#: splitting bs-64 verify batches there cut the attention time by 15-25 % in
+#: ``bench/cpu_backend_speed.py``-style micro-benchmarks; larger calls ran slower per row.
+KV_ROWS_PER_CALL = 4096
+
+
+def split_by_query_length(
+    q_lens: Sequence[int],
+    kv_lens: Sequence[int],
+    kv_rows_per_call: int = KV_ROWS_PER_CALL,
+) -> list[list[int]]:
+    """Partition groups into buckets of similar query length that fit one call's key budget.
+
+    Groups are sorted by query length (stable) and cut into consecutive runs while
+    ``len(run) * max(kv_lens in run)`` stays within ``kv_rows_per_call`` (a group larger than the
+    budget gets a bucket of its own). Sorting first means a ragged verify where most requests keep
+    few drafts and some keep all of them no longer pads every request to the longest one; the
+    budget keeps each call's padded keys cache-resident. Groups keep their sorted order inside a
+    bucket (the caller maps rows back); buckets are ordered by query length.
+
+    Examples
+    --------
+    Four requests keeping 16, 2, 16 and 1 draft rows after a 200-token prefix, two per call:
+
+    >>> split_by_query_length([16, 2, 16, 1], [216, 202, 216, 201], kv_rows_per_call=440)
+    [[3, 1], [0, 2]]
+    >>> split_by_query_length([16, 16, 15], [216, 216, 215], kv_rows_per_call=4096)  # one call
+    [[2, 0, 1]]
+    """
+    n = len(q_lens)
+    if n == 0:
+        return []
+    order = sorted(range(n), key=lambda g: int(q_lens[g]))
+    buckets: list[list[int]] = []
+    run: list[int] = []
+    run_kv = 0
+    for g in order:
+        kv = int(kv_lens[g])
+        if run and (len(run) + 1) * max(run_kv, kv) > kv_rows_per_call:
+            buckets.append(run)
+            run, run_kv = [], 0
+        run.append(g)
+        run_kv = max(run_kv, kv)
+    buckets.append(run)
+    return buckets
+
+
+@dataclass(frozen=True)
+class PlanBucket:
+    """One query-length bucket of a :class:`BucketedPlan`: a plan over some groups and where
+    their query rows sit in the forward's ``q``."""
+
+    rows: torch.Tensor  # [plan.num_rows] int64 rows of the forward's q, in the bucket's group order
+    plan: AttentionPlan
+
+
+@dataclass(frozen=True)
+class BucketedPlan:
+    """A plan run as one padded SDPA call per query-length bucket (see :func:`bucket_plan`)."""
+
+    q_lens: tuple
+    qo_indptr: tuple
+    buckets: tuple  # of PlanBucket
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def num_rows(self) -> int:
+        return self.qo_indptr[-1]
+
+
+def bucket_plan(
+    q_lens: Sequence[int],
+    prefix_lens: Sequence[int],
+    prefix_slots: torch.Tensor,  # [sum(prefix_lens)] int64 KV-pool slots, group-major
+    kind: MaskKind,
+    *,
+    include_current: bool = True,
+    tree_blocks: Optional[Sequence[torch.Tensor]] = None,  # per group [q_i, q_i] bool
+    kv_rows_per_call: int = KV_ROWS_PER_CALL,
+) -> "AttentionPlan | BucketedPlan":
+    """:func:`make_plan`, split into query-length buckets (see :func:`split_by_query_length`).
+
+    Returns a plain :class:`AttentionPlan` when everything fits one call, else a :class:`BucketedPlan` whose buckets :func:`run_plan` runs one after the
+    other. Each group's attention is the same computation either way (its own rows, keys and
+    mask); only the padding around it changes.
+
+    Examples
+    --------
+    >>> slots = torch.arange(8)
+    >>> plan = bucket_plan([6, 1, 6, 1], [2, 2, 2, 2], slots, MaskKind.CAUSAL, kv_rows_per_call=16)
+    >>> [b.rows.tolist() for b in plan.buckets]
+    [[6, 13], [0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12]]
+    >>> [b.plan.max_q for b in plan.buckets]
+    [1, 6]
+    """
+    q_lens = tuple(int(x) for x in q_lens)
+    prefix_lens = tuple(int(x) for x in prefix_lens)
+    cur = q_lens if include_current else (0,) * len(q_lens)
+    kv_lens = [p + c for p, c in zip(prefix_lens, cur)]
+    parts = split_by_query_length(q_lens, kv_lens, kv_rows_per_call)
+    if len(parts) <= 1:
+        return make_plan(q_lens, prefix_lens, prefix_slots, kind, include_current=include_current,
+                         tree_blocks=tree_blocks)
+    device = prefix_slots.device
+    prefix_slots = prefix_slots.to(torch.int64)
+    qo_indptr = exclusive_indptr(q_lens)
+    prefix_indptr = exclusive_indptr(prefix_lens)
+
+    q_start = torch.tensor(qo_indptr[:-1], dtype=torch.int64, device=device)  # [n]
+    q_len = torch.tensor(q_lens, dtype=torch.int64, device=device)  # [n]
+    p_start = torch.tensor(prefix_indptr[:-1], dtype=torch.int64, device=device)  # [n]
+    p_len = torch.tensor(prefix_lens, dtype=torch.int64, device=device)  # [n]
+
+    def take(start: torch.Tensor, lens: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        # rows start[g] .. start[g] + lens[g] - 1 of every group g, in the order of `groups`
+        g_lens = lens[groups]  # [len(groups)]
+        shift = start[groups] - (torch.cumsum(g_lens, 0) - g_lens)  # [len(groups)]
+        total = int(g_lens.sum())
+        return torch.arange(total, device=device) + torch.repeat_interleave(shift, g_lens)
+
+    buckets = []
+    for groups in parts:
+        g_t = torch.tensor(groups, dtype=torch.int64, device=device)
+        sub = make_plan(
+            [q_lens[g] for g in groups],
+            [prefix_lens[g] for g in groups],
+            prefix_slots[take(p_start, p_len, g_t)],
+            kind,
+            include_current=include_current,
+            tree_blocks=None if tree_blocks is None else [tree_blocks[g] for g in groups],
+        )
+        buckets.append(PlanBucket(rows=take(q_start, q_len, g_t), plan=sub))
+    return BucketedPlan(q_lens=q_lens, qo_indptr=tuple(qo_indptr), buckets=tuple(buckets))
+
+
 def padded_kv_source(
     prefix_lens: Sequence[int],  # host, cached tokens per group
     prefix_slots: torch.Tensor,  # [sum(prefix_lens)] int64 KV-pool slots, group-major
@@ -411,7 +551,7 @@ def split_tree_mask(
 
 
 def run_plan(
-    plan: AttentionPlan,
+    plan: "AttentionPlan | BucketedPlan",
     q: torch.Tensor,  # [num_tokens, num_q_heads, qk_head_dim]
     k: Optional[torch.Tensor],  # [num_tokens, num_kv_heads, qk_head_dim] (None if not include_current)
     v: Optional[torch.Tensor],  # [num_tokens, num_kv_heads, v_head_dim]
@@ -440,6 +580,9 @@ def run_plan(
     >>> run_plan(plan, torch.ones(1, 1, 4), None, None, kc, vc, scaling=0.5)[0, 0].tolist()
     [1.0, 1.0, 1.0, 1.0]
     """
+    if isinstance(plan, BucketedPlan):
+        return _run_buckets(plan, q, k, v, k_cache, v_cache, scaling=scaling, logit_cap=logit_cap,
+                            workspace=workspace)
     num_tokens, hq, d = q.shape
     hkv = k_cache.shape[1]
     dv = v_cache.shape[2]
@@ -470,6 +613,40 @@ def run_plan(
         out[:rows] = flat
     else:
         out[:rows] = flat.index_select(0, plan.q_dst)
+    return out
+
+
+def _run_buckets(
+    plan: BucketedPlan,
+    q: torch.Tensor,  # [num_tokens, num_q_heads, qk_head_dim]
+    k: Optional[torch.Tensor],  # [num_tokens, num_kv_heads, qk_head_dim] (None if not include_current)
+    v: Optional[torch.Tensor],  # [num_tokens, num_kv_heads, v_head_dim]
+    k_cache: torch.Tensor,  # [num_slots, num_kv_heads, qk_head_dim]
+    v_cache: torch.Tensor,  # [num_slots, num_kv_heads, v_head_dim]
+    *,
+    scaling: float,
+    logit_cap: float,
+    workspace: Optional[KVWorkspace],
+) -> torch.Tensor:  # [num_tokens, num_q_heads, v_head_dim]
+    """:func:`run_plan` of a :class:`BucketedPlan`: one padded call per bucket."""
+    num_tokens, hq, _ = q.shape
+    if plan.num_rows > num_tokens:
+        raise ValueError(f"plan has {plan.num_rows} query rows, q has {num_tokens}")
+    out = q.new_zeros(num_tokens, hq, v_cache.shape[2])
+    for bucket in plan.buckets:
+        rows = bucket.rows
+        part = run_plan(
+            bucket.plan,
+            q.index_select(0, rows),
+            None if k is None else k.index_select(0, rows),
+            None if v is None else v.index_select(0, rows),
+            k_cache,
+            v_cache,
+            scaling=scaling,
+            logit_cap=logit_cap,
+            workspace=workspace,
+        )
+        out.index_copy_(0, rows, part)
     return out
 
 
@@ -548,7 +725,7 @@ def plan_extend(
     rows = req_pool_indices.to(torch.int64)
     slots = gather_row_slots(req_to_token, rows, [0] * len(prefix_lens), prefix_lens)
     kind = MaskKind.CAUSAL if causal else MaskKind.VISIBLE
-    return make_plan(extend_lens, prefix_lens, slots, kind)
+    return bucket_plan(extend_lens, prefix_lens, slots, kind)
 
 
 def plan_target_verify(
@@ -575,9 +752,9 @@ def plan_target_verify(
     rows = req_pool_indices.to(torch.int64)
     slots = gather_row_slots(req_to_token, rows, [0] * len(seq_lens), seq_lens)
     if custom_mask is None:
-        return make_plan(q_lens, seq_lens, slots, MaskKind.CAUSAL)
+        return bucket_plan(q_lens, seq_lens, slots, MaskKind.CAUSAL)
     blocks = split_tree_mask(custom_mask, seq_lens, q_lens)
-    return make_plan(q_lens, seq_lens, slots, MaskKind.TREE, tree_blocks=blocks)
+    return bucket_plan(q_lens, seq_lens, slots, MaskKind.TREE, tree_blocks=blocks)
 
 
 def plan_decode(
