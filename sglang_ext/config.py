@@ -56,6 +56,9 @@ DCUT_AUTO = "auto"
 DCUT_CALIBRATION_POWER = "power"
 DCUT_CALIBRATION_OFF = "off"
 DCUT_CALIBRATION_CHOICES: Tuple[str, ...] = (DCUT_CALIBRATION_POWER, DCUT_CALIBRATION_OFF)
+DRAFT_EXTEND_ACCEPTED = "accepted"
+DRAFT_EXTEND_WINDOW = "window"
+DRAFT_EXTEND_CHOICES: Tuple[str, ...] = (DRAFT_EXTEND_ACCEPTED, DRAFT_EXTEND_WINDOW)
 
 
 class ConfigError(ValueError):
@@ -318,6 +321,11 @@ class DCutConfig:
                           "survival scores for auto's tier choice: 'power' fits s -> s^tau to the accepted "
                           "drafts of the kept slots (the kept set at a budget is unchanged, so output is too); "
                           "'off' uses the raw scores.", _parse_str, choices=DCUT_CALIBRATION_CHOICES)
+    draft_extend: str = _f(DRAFT_EXTEND_ACCEPTED, "--dcut-draft-extend", "Rows the draft model re-reads after "
+                           "each verify when its draft extend runs eagerly (CPU; the project's EAGLE worker, also "
+                           "with --dcut off): 'accepted' runs only each request's accepted tokens (the only rows "
+                           "SGLang uses; same output, less work), 'window' SGLang's full verify window.",
+                           _parse_str, choices=DRAFT_EXTEND_CHOICES)
     cost_table: Optional[str] = _f(None, "--dcut-cost-table", "Load this cost-table JSON instead of profiling at "
                                    "launch.", _parse_optional_str, metavar="PATH")
     cache_dir: Optional[str] = _f(None, "--dcut-cache-dir", "Directory of the profiled cost-table cache (default: "
@@ -345,6 +353,8 @@ class DCutConfig:
                    f"ratio must be in (0, 1], got {m}")
         _check(self.calibration in DCUT_CALIBRATION_CHOICES, "--dcut-calibration",
                f"expected one of {', '.join(DCUT_CALIBRATION_CHOICES)}, got {self.calibration!r}")
+        _check(self.draft_extend in DRAFT_EXTEND_CHOICES, "--dcut-draft-extend",
+               f"expected one of {', '.join(DRAFT_EXTEND_CHOICES)}, got {self.draft_extend!r}")
         t = tuple(float(x) for x in self.tiers)
         object.__setattr__(self, "tiers", t)
         _check(len(t) >= 1, "--dcut-tiers", "needs at least one tier")

@@ -9,7 +9,9 @@ D-Cut tests and ``bench/dcut_throughput.py``; nothing here runs inside the sched
   ``kv_pool`` (free / evictable / total KV slots);
 * :func:`set_force_ratio` -- ``/set_internal_state`` ``dcut_force_ratio``: a fixed ratio in
   (0, 1] (1.0 = full verification), or 0 for the configured ``--dcut`` mode;
-* :func:`set_compact` -- ``dcut_compact``: compacted verify, or the cut-links-only oracle.
+* :func:`set_compact` -- ``dcut_compact``: compacted verify, or the cut-links-only oracle;
+* :func:`set_draft_extend` -- ``dcut_draft_extend``: eager draft extend over the accepted rows
+  (``"accepted"``) or SGLang's full verify window (``"window"``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 import urllib.request
 from typing import Any, Dict, List, Union
 
-__all__ = ["dcut_info", "dcut_states", "set_force_ratio", "set_compact", "server_info"]
+__all__ = ["dcut_info", "dcut_states", "set_force_ratio", "set_compact", "set_draft_extend", "server_info"]
 
 Target = Union[str, Any]  # base URL or sglang.Engine
 
@@ -57,6 +59,11 @@ def set_force_ratio(target: Target, ratio: float) -> bool:
 def set_compact(target: Target, compact: bool) -> bool:
     """Compacted verify (True) or the cut-links-only oracle with a full-width forward (False)."""
     return _set_internal_state(target, {"dcut_compact": int(bool(compact))})
+
+
+def set_draft_extend(target: Target, rows: str) -> bool:
+    """Rows of the eager draft extend: ``"accepted"`` or ``"window"``. True when accepted."""
+    return _set_internal_state(target, {"dcut_draft_extend": str(rows)})
 
 
 def _set_internal_state(target: Target, values: Dict[str, Any]) -> bool:

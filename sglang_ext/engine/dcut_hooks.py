@@ -13,7 +13,8 @@ target                                                                 type   pu
 server to the fixed ratio ``r`` in (0, 1] (1.0 = full verification) and ``0`` back to the
 configured ``--dcut`` mode (used by tests and benches to compare modes on one server);
 ``dcut_compact`` 0 switches to the link-cut-only oracle (full-width forward, "Route C"), 1 back
-to the compacted verify.
+to the compacted verify; ``dcut_draft_extend`` ``"window"`` / ``"accepted"`` switches the rows of
+the eager draft extend (``--dcut-draft-extend``, :mod:`sglang_ext.engine.draft_extend_rows`).
 
 ``get_init_info`` is the scheduler's start-up handshake; its dict is merged into ``/server_info``
 (and ``Engine.get_server_info()``) at top level, so the cost table appears there as
@@ -36,6 +37,7 @@ HOOK_UPDATE_HANDLERS = (
 )
 FORCE_RATIO_KEY = "dcut_force_ratio"
 COMPACT_KEY = "dcut_compact"
+DRAFT_EXTEND_KEY = "dcut_draft_extend"
 SERVER_INFO_KEY = "dcut"
 
 __all__ = ["register_hooks", "after_get_init_info", "after_get_internal_state", "dcut_runner_of",
@@ -80,6 +82,17 @@ def tier_graph_stats(scheduler: Any) -> Optional[dict]:
     return stats() if callable(stats) else None
 
 
+def draft_extend_rows_of(scheduler: Any) -> Optional[Any]:
+    """The worker's ``AcceptedRowsDraftExtend`` (eager draft extend rows), or None."""
+    return getattr(getattr(scheduler, "draft_worker", None), "draft_extend_rows", None)
+
+
+def draft_extend_stats(scheduler: Any) -> Optional[dict]:
+    """Mode and counters of the accepted-rows draft extend, or None without one."""
+    rows = draft_extend_rows_of(scheduler)
+    return None if rows is None else {"mode": rows.mode, **rows.stats.summary()}
+
+
 def after_get_internal_state(result, scheduler, *args, **kwargs):
     runner = dcut_runner_of(scheduler)
     state = getattr(result, "internal_state", None)
@@ -91,6 +104,7 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
                                       "calibration": (None if runner.calibration is None
                                                       else runner.calibration.summary()),
                                       "tier_graphs": tier_graph_stats(scheduler),
+                                      "draft_extend": draft_extend_stats(scheduler),
                                       "kv_pool": kv_pool_state(scheduler)}
         except Exception as e:  # metrics must never break /server_info
             logger.warning("D-Cut metrics unavailable: %s", e)
@@ -129,6 +143,20 @@ def after_update_handlers(result, controller, *args, **kwargs):
 
     result[FORCE_RATIO_KEY] = handler_cls(validate, apply)
     result[COMPACT_KEY] = handler_cls(validate_compact, apply_compact)
+    rows = draft_extend_rows_of(getattr(controller, "scheduler", None))
+    if rows is not None:
+        from sglang_ext.engine.draft_extend_rows import DRAFT_EXTEND_CHOICES
+
+        def validate_draft_extend(key, value):
+            if value not in DRAFT_EXTEND_CHOICES:
+                raise UpdateRejected(f"{key} must be one of {', '.join(DRAFT_EXTEND_CHOICES)}; got {value!r}")
+
+        def apply_draft_extend(key, value):
+            rows.mode = value
+            logger.info("D-Cut: %s=%s", key, value)
+            return None
+
+        result[DRAFT_EXTEND_KEY] = handler_cls(validate_draft_extend, apply_draft_extend)
     return result
 
 

@@ -169,6 +169,10 @@ class DraftCapture:
         self._step = 0
         self._rows = 0  # rows written by the last draft (0: nothing captured since the last read)
         self._extend_logits_owner: Any = None
+        #: Optional ``(original_forward, args, kwargs) -> output`` that runs the draft runner's
+        #: forward while a draft extend is active, in place of a plain call (the accepted-rows
+        #: draft extend of :mod:`sglang_ext.engine.draft_extend_rows`); None = plain call.
+        self.extend_forward: Optional[Callable] = None
         self.allocate(max_rows)
 
     # ------------------------------------------------------------------ buffers
@@ -339,7 +343,10 @@ def _wrap_runner_forward(runner: Any, capture: DraftCapture) -> None:
     original = runner.forward
 
     def forward(*args, **kwargs):
-        out = original(*args, **kwargs)
+        if capture._mode == _MODE_EXTEND and capture.extend_forward is not None:
+            out = capture.extend_forward(original, args, kwargs)
+        else:
+            out = original(*args, **kwargs)
         mode = capture._mode
         if mode != _MODE_IDLE:
             logits_output = getattr(out, "logits_output", None)

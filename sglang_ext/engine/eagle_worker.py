@@ -37,6 +37,14 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
         from sglang_ext.engine.draft_capture import install as install_draft_capture
 
         self.draft_capture = install_draft_capture(self)
+        # eager draft extends over the accepted rows only (same output; --dcut-draft-extend)
+        self.draft_extend_rows = None
+        if self.draft_capture is not None:
+            from sglang_ext.engine.draft_extend_rows import AcceptedRowsDraftExtend
+
+            self.draft_extend_rows = AcceptedRowsDraftExtend(self._draft_worker.draft_runner,
+                                                             self.ext_config.dcut.draft_extend)
+            self.draft_capture.extend_forward = self.draft_extend_rows
         self.dcut = None
         self.specexit = None
         if self.ext_config.dcut.enabled:

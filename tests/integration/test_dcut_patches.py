@@ -239,3 +239,31 @@ def test_interceptor_compacts_and_restores():
     assert fb.spec_info is spec and fb.input_ids.tolist() == list(range(100, 108))
     assert fb.out_cache_loc.tolist() == list(range(10, 18))
     assert passthrough.logits_output.next_token_logits.shape == (8, 2)
+
+
+def test_draft_extend_rows_targets():
+    """What ``sglang_ext.engine.draft_extend_rows`` relies on (patches/draft_extend_rows.md)."""
+    import sglang.srt.speculative.eagle_worker_common as common
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    fields = EagleDraftExtendInput.__dataclass_fields__
+    for name in ("hidden_states", "num_accept_tokens", "num_front_tokens", "num_tokens_per_req", "select_index"):
+        assert name in fields, name
+    ext = inspect.getsource(EagleDraftWorker._draft_extend_for_decode)
+    # the window is N rows per request, accept lengths ride on the spec info, the eager path
+    # calls the draft runner and selects the rows afterwards
+    assert "num_accept_tokens=batch_result.accept_lens" in ext
+    assert "num_tokens_per_req=self.speculative_num_draft_tokens" in ext
+    assert "self.draft_runner.forward(" in ext
+    assert "draft_logits_output.next_token_logits[select_index]" in ext
+    prep = inspect.getsource(common.prepare_for_draft_extend)
+    assert "batch.extend_lens = [num_window_tokens] * bs" in prep
+    assert "forward_batch.seq_lens + num_draft_tokens" in prep and "mark_forward_metadata_ready()" in prep
+    # trees: the accepted path is moved to the front of each request's block before the extend
+    verify = inspect.getsource(common.run_eagle_verify)
+    assert "_finalize_accept_tree_path(" in verify and "topk > 1" in verify
+    # an unmarked batch is planned again in the forward
+    assert "if not self.forward_metadata_ready:\n            return True" in inspect.getsource(
+        ForwardBatch.needs_forward_metadata_init)

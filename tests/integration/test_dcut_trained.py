@@ -14,6 +14,10 @@ tier (so ``auto`` really prunes; a profiled CPU table is flat and would mostly v
 All problems of a run are submitted together (batch size = number of problems at the start),
 greedy, up to 256 new tokens, stopping at EOS.
 
+Also per engine: the eager draft extend over the accepted rows only (``--dcut-draft-extend
+accepted``, the default) gives the same output, steps and accepted tokens as over SGLang's full
+window (``window``), switched through ``/set_internal_state`` ``dcut_draft_extend``.
+
 Checks per (configuration, mode): output ids equal the full-verify output token for token (and
 so do finish reasons); for ratios < 1 pruning really happened (pruned steps counted, fewer
 verified than full-width tokens) and never for 1.0; after the runs every KV slot the requests
@@ -138,6 +142,42 @@ def check_lossless(eng, prompts, ratios):
     return seen
 
 
+def check_draft_extend_rows(eng, prompts):
+    """Eager draft extend over the accepted rows only == over SGLang's full window.
+
+    Same greedy output, and the same draft: every step proposes the same drafts, so the number
+    of steps and of accepted tokens are equal too (a wrong hidden state, position or KV slot in
+    the compacted extend would lower the acceptance). Full verification, so D-Cut plays no part.
+    """
+    from sglang_ext.engine.dcut_client import set_draft_extend, set_force_ratio
+
+    runs = {}
+    try:
+        assert set_force_ratio(eng, FULL)
+        for rows in ("window", "accepted"):
+            assert set_draft_extend(eng, rows)
+            before = _state(eng)
+            outs = eng.generate(input_ids=prompts, sampling_params=GREEDY)
+            after = _state(eng)
+            d = {k: after["metrics"][k] - before["metrics"][k] for k in ("steps", "accepted_tokens")}
+            d.update({k: after["draft_extend"][k] - before["draft_extend"][k]
+                      for k in ("compacted_forwards", "window_forwards", "rows_run", "rows_window")})
+            runs[rows] = ([o["output_ids"] for o in outs], d)
+    finally:
+        set_draft_extend(eng, "accepted")
+        set_force_ratio(eng, AUTO)
+    (win_out, win), (acc_out, acc) = runs["window"], runs["accepted"]
+    assert _state(eng)["draft_extend"]["skipped"] == {}, "a draft extend fell back to the full window"
+    assert win["compacted_forwards"] == 0 and win["window_forwards"] > 0
+    assert acc["compacted_forwards"] > 0 and acc["window_forwards"] == 0
+    # the compacted extends ran exactly the accepted tokens (each step's bonus-included accept length)
+    assert acc["rows_run"] == acc["accepted_tokens"] and acc["rows_run"] < acc["rows_window"]
+    bad = [i for i, (a, b) in enumerate(zip(acc_out, win_out)) if a != b]
+    assert not bad, f"{len(bad)} outputs differ (first: problem {bad[0]}, {_first_diff(acc_out[bad[0]], win_out[bad[0]])})"
+    assert (acc["steps"], acc["accepted_tokens"]) == (win["steps"], win["accepted_tokens"]), (acc, win)
+    return runs
+
+
 def _first_diff(a, b):
     k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     return f"token {k}: {a[k:k + 3]} vs full {b[k:k + 3]} (lengths {len(a)} / {len(b)})"
@@ -163,6 +203,7 @@ def test_lossless_chain16_ci(tmp_path):
         seen = check_lossless(eng, prompts, (AUTO, 0.5))
         metrics = _state(eng)["metrics"]
         calib = _state(eng)["calibration"]
+        check_draft_extend_rows(eng, prompts)
     finally:
         eng.shutdown()
     # online calibration (on by default) learnt from every run: this draft is over-confident
@@ -207,5 +248,6 @@ def test_lossless_50_problems_every_mode(name, tmp_path):
     eng = _launch(tmp_path, **cfg)
     try:
         check_lossless(eng, prompts, (0.25, 0.5, 0.75, AUTO))
+        check_draft_extend_rows(eng, prompts)
     finally:
         eng.shutdown()

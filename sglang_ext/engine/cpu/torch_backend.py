@@ -170,6 +170,10 @@ class TorchSDPABackend(AttentionBackend):
 
     #: read by the D-Cut glue (``dcut_glue.RAGGED_VERIFY_FLAG``): ragged TARGET_VERIFY is served
     supports_ragged_target_verify = True
+    #: read by ``draft_extend_rows.RAGGED_DRAFT_EXTEND_FLAG``: DRAFT_EXTEND_V2 plans from the
+    #: batch's own ``extend_seq_lens`` (any per-request row count), so the draft extend may run
+    #: over the accepted rows only
+    supports_ragged_draft_extend = True
 
     needs_cpu_seq_lens = True
 
