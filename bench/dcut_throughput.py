@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -240,6 +241,7 @@ def _measure(engine, prompts_all, bs_list, args, modes=(None,), set_mode=None, s
                     r["repeat_differs"] = True
                 r["ids"] = ids
                 r["tok_s"] = max(r["tok_s"], tps)
+                r.setdefault("runs", []).append(tps)  # per repeat, for the paired ratios
         print(f"  bs={bs}: " + ", ".join(f"{m or 'no-spec'} {out[m][bs]['tok_s']:.1f}" for m in modes)
               + " tok/s", flush=True)
     return out
@@ -301,6 +303,7 @@ def run_bench(args) -> dict:
         "target": target, "draft": draft, "prompts": kind, "startup_s": startup,
         "cost_table": info.get("cost_table"), "cost_table_info": info.get("cost_table_info"),
         "tok_s": {m: {bs: r["tok_s"] for bs, r in res.items()} for m, res in results.items()},
+        "tok_s_runs": {m: {bs: r.get("runs", []) for bs, r in res.items()} for m, res in results.items()},
         "dcut": dcut_stats, "lossless_vs_full": lossless,
     }
 
@@ -362,6 +365,7 @@ def run_url(args) -> dict:
     return {"settings": {k: v for k, v in vars(args).items() if k != "what_if"}, "url": url,
             "cost_table": dcut.get("cost_table"), "cost_table_info": dcut.get("cost_table_info"),
             "tok_s": {m: {bs: r["tok_s"] for bs, r in res.items()} for m, res in results.items()},
+        "tok_s_runs": {m: {bs: r.get("runs", []) for bs, r in res.items()} for m, res in results.items()},
             "dcut": dcut_stats, "lossless_vs_full": lossless}
 
 
@@ -458,6 +462,13 @@ def report(res: dict, out_png: str = None) -> None:
         rows.append(("full/nospec", lambda b: tok["full"][_k(tok["full"], b)] / tok["no-spec"][_k(tok["no-spec"], b)]))
     for name, fn in rows:
         print(f"{name:<12}" + "".join(f"{fn(b):>10.2f}" for b in bs_list))
+    paired = _paired_ratios(res.get("tok_s_runs") or {}, bs_list, fixed)
+    if paired:
+        print("\npaired ratios (median over repeats of one repeat's ratio; a repeat runs every mode back to back,"
+              " so slow drifts of a shared host cancel)")
+        for name in ("auto/full", "auto/best", "best/full"):
+            print(f"{name:<12}" + "".join(f"{paired[b][name]:>10.2f}" if b in paired else f"{'-':>10}"
+                                         for b in bs_list))
     st = res.get("dcut") or {}
     eff = _step_efficiency(st, bs_list)
     if eff:
@@ -485,6 +496,27 @@ def report(res: dict, out_png: str = None) -> None:
     if out_png:
         _plot(res, bs_list, modes, out_png)
         print(f"plot: {out_png}")
+
+
+def _paired_ratios(runs: dict, bs_list: List[int], fixed: List[str]) -> dict:
+    """{bs: {"auto/full", "auto/best", "best/full"}}: medians over repeats of the per-repeat ratios.
+
+    >>> r = {"full": {"64": [100.0, 80.0, 90.0]}, "auto": {"64": [130.0, 100.0, 120.0]},
+    ...      "r0.5": {"64": [125.0, 104.0, 110.0]}}
+    >>> {k: round(v, 3) for k, v in _paired_ratios(r, [64], ["r0.5"])[64].items()}
+    {'auto/full': 1.3, 'auto/best': 1.04, 'best/full': 1.25}
+    """
+    out = {}
+    for b in bs_list:
+        per = {m: (runs.get(m) or {}).get(_k(runs.get(m) or {}, b)) or [] for m in ["auto", "full"] + list(fixed)}
+        n = min(len(v) for v in per.values()) if per else 0
+        if n == 0:
+            continue
+        best = [max(per[m][i] for m in fixed) for i in range(n)]
+        out[b] = {"auto/full": statistics.median(per["auto"][i] / per["full"][i] for i in range(n)),
+                  "auto/best": statistics.median(per["auto"][i] / best[i] for i in range(n)),
+                  "best/full": statistics.median(best[i] / per["full"][i] for i in range(n))}
+    return out
 
 
 def _step_efficiency(st: dict, bs_list: List[int]) -> dict:
