@@ -735,6 +735,28 @@ def what_if_table(res: dict, table_path: str) -> dict:
     return out
 
 
+def portable_paths(value):
+    """``value`` with every absolute path string made shareable: paths inside the repository
+    become repository-relative, other absolute paths keep only their last two components
+    (``.../cache/dcut-<key>.json``), so saved results name no directory of the machine they ran on.
+
+    >>> portable_paths({"a": os.path.join(REPO, "bench", "x.png"), "b": ["/tmp/run3/cache/t.json", 4]})
+    {'a': 'bench/x.png', 'b': ['.../cache/t.json', 4]}
+    """
+    if isinstance(value, dict):
+        return {k: portable_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable_paths(v) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        real = os.path.realpath(value)
+        root = os.path.realpath(REPO)
+        if real == root or real.startswith(root + os.sep):
+            return os.path.relpath(real, root)
+        parts = [x for x in value.split(os.sep) if x]
+        return ".../" + "/".join(parts[-2:])
+    return value
+
+
 def main(argv=None):
     args = _parse_args(argv)
     if args.what_if:
@@ -749,7 +771,7 @@ def main(argv=None):
     res = run_url(args) if args.url else run_bench(args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+            json.dump(portable_paths(res), f, indent=2)
     report(res, args.out)
 
 

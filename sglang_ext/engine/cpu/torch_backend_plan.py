@@ -31,6 +31,11 @@ Padding: ``run_plan`` packs the groups into one padded batch ``[num_groups, max_
 a single SDPA call. Padded key columns are never attended; padded query rows attend key column 0
 only (so no row is empty; their outputs are discarded). Query rows of ``q`` at or past
 ``qo_indptr[-1]`` (pad lanes of a ragged verify bucket) get zero output.
+
+Buckets: the EXTEND / TARGET_VERIFY builders return a :class:`BucketedPlan` when the groups are
+better run as several padded calls (:func:`bucket_plan`): groups sorted by query length and cut
+into runs within a key-row budget (:data:`KV_ROWS_PER_CALL`), so a ragged D-Cut verify does not
+pad every request to the longest kept chain and each call's padded keys stay cache-resident.
 """
 
 from __future__ import annotations
