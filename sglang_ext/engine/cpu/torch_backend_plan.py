@@ -92,6 +92,21 @@ def exclusive_indptr(lens: Sequence[int]) -> list[int]:
     return out
 
 
+def segment_rows(
+    starts: torch.Tensor,  # [num_segments] int64 first index of each segment
+    lens: torch.Tensor,  # [num_segments] int64 length of each segment
+) -> torch.Tensor:  # [sum(lens)] int64: starts[i], starts[i] + 1, ..., starts[i] + lens[i] - 1, segment-major
+    """Concatenated index ranges ``starts[i] .. starts[i] + lens[i] - 1``.
+
+    Examples
+    --------
+    >>> segment_rows(torch.tensor([10, 0, 5]), torch.tensor([2, 0, 3])).tolist()
+    [10, 11, 5, 6, 7]
+    """
+    shift = starts - (torch.cumsum(lens, 0) - lens)  # [num_segments]
+    return torch.arange(int(lens.sum()), device=lens.device) + torch.repeat_interleave(shift, lens)
+
+
 def gather_row_slots(
     req_to_token: torch.Tensor,  # [max_reqs, max_context_len] int32 slot ids
     rows: torch.Tensor,  # [num_groups] int64 request-pool row of each group
@@ -113,9 +128,7 @@ def gather_row_slots(
     lens_t = torch.tensor([int(x) for x in lens], dtype=torch.int64, device=device)
     starts_t = torch.tensor([int(x) for x in starts], dtype=torch.int64, device=device)
     group = torch.repeat_interleave(torch.arange(len(lens), device=device), lens_t)
-    indptr = torch.cumsum(lens_t, 0) - lens_t
-    within = torch.arange(total, device=device) - indptr[group]
-    cols = starts_t[group] + within
+    cols = segment_rows(starts_t, lens_t)
     return req_to_token[rows.to(device=device, dtype=torch.int64)[group], cols].to(torch.int64)
 
 
@@ -230,12 +243,8 @@ def make_plan(
         # row j of group i -> i * stride + base[i] + j
         if sum(lens) == 0:
             return torch.empty(0, dtype=torch.int64, device=device)
-        lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
-        group = torch.repeat_interleave(torch.arange(n, device=device), lens_t)
-        indptr = torch.cumsum(lens_t, 0) - lens_t
-        within = torch.arange(int(lens_t.sum()), device=device) - indptr[group]
-        base_t = torch.tensor(base, dtype=torch.int64, device=device)
-        return group * stride + base_t[group] + within
+        starts = torch.arange(n, device=device) * stride + torch.tensor(base, dtype=torch.int64, device=device)
+        return segment_rows(starts, torch.tensor(lens, dtype=torch.int64, device=device))
 
     q_dst = flat_rows(q_lens, [0] * n, max_q)
     prefix_dst = flat_rows(prefix_lens, [0] * n, max_kv)
@@ -374,8 +383,8 @@ def bucket_plan(
 ) -> "AttentionPlan | BucketedPlan":
     """:func:`make_plan`, split into query-length buckets (see :func:`split_by_query_length`).
 
-    Returns a plain :class:`AttentionPlan` when everything fits one call, else a :class:`BucketedPlan` whose buckets :func:`run_plan` runs one after the
-    other. Each group's attention is the same computation either way (its own rows, keys and
+    Returns a plain :class:`AttentionPlan` when everything fits one call, else a
+    :class:`BucketedPlan` whose buckets :func:`run_plan` runs one after the other. Each group's attention is the same computation either way (its own rows, keys and
     mask); only the padding around it changes.
 
     Examples
@@ -405,25 +414,18 @@ def bucket_plan(
     p_start = torch.tensor(prefix_indptr[:-1], dtype=torch.int64, device=device)  # [n]
     p_len = torch.tensor(prefix_lens, dtype=torch.int64, device=device)  # [n]
 
-    def take(start: torch.Tensor, lens: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-        # rows start[g] .. start[g] + lens[g] - 1 of every group g, in the order of `groups`
-        g_lens = lens[groups]  # [len(groups)]
-        shift = start[groups] - (torch.cumsum(g_lens, 0) - g_lens)  # [len(groups)]
-        total = int(g_lens.sum())
-        return torch.arange(total, device=device) + torch.repeat_interleave(shift, g_lens)
-
     buckets = []
     for groups in parts:
         g_t = torch.tensor(groups, dtype=torch.int64, device=device)
         sub = make_plan(
             [q_lens[g] for g in groups],
             [prefix_lens[g] for g in groups],
-            prefix_slots[take(p_start, p_len, g_t)],
+            prefix_slots[segment_rows(p_start[g_t], p_len[g_t])],
             kind,
             include_current=include_current,
             tree_blocks=None if tree_blocks is None else [tree_blocks[g] for g in groups],
         )
-        buckets.append(PlanBucket(rows=take(q_start, q_len, g_t), plan=sub))
+        buckets.append(PlanBucket(rows=segment_rows(q_start[g_t], q_len[g_t]), plan=sub))
     return BucketedPlan(q_lens=q_lens, qo_indptr=tuple(qo_indptr), buckets=tuple(buckets))
 
 
