@@ -27,7 +27,8 @@ held is back (free + evictable). The CI engine also checks the opt-in per-step t
 * Slow tier: 50 problems; chain 7 / 8 tokens, chain 15 / 16 tokens, tree topk 2 (3 steps,
   8 tokens); modes full, 0.25, 0.5, 0.75, auto.
 
-Budget: CI tier < 2 min (one engine start of ~30-45 s plus three 16-problem runs); slow tier
+Budget: CI tier < 2 min (one engine start of ~30-45 s plus five 16-problem runs: three modes, then
+the draft extend over the window and over the accepted rows); slow tier
 < 10 min more on the shared 2-core machine.
 """
 

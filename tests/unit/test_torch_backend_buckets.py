@@ -14,6 +14,8 @@ import math
 import pytest
 import torch
 
+from sglang_ext.dcut.tree import NO_PARENT, ancestor_mask
+
 from sglang_ext.engine.cpu.torch_backend_plan import (
     AttentionPlan,
     BucketedPlan,
@@ -87,14 +89,8 @@ def _reference(q, k, v, k_cache, v_cache, q_lens, prefix_lens, slots, kind, incl
 
 def _tree_block(gen, q):
     """A random draft tree over q nodes in topological order: ancestors-or-self mask."""
-    parent = [-1] + [int(torch.randint(0, j, (1,), generator=gen)) for j in range(1, q)]
-    block = torch.zeros(q, q, dtype=torch.bool)
-    for j in range(q):
-        a = j
-        while a >= 0:
-            block[j, a] = True
-            a = parent[a]
-    return block
+    parent = [NO_PARENT] + [int(torch.randint(0, j, (1,), generator=gen)) for j in range(1, q)]
+    return ancestor_mask(torch.tensor([parent]))[0]
 
 
 @pytest.mark.parametrize("kind", [MaskKind.CAUSAL, MaskKind.TREE, MaskKind.VISIBLE])
