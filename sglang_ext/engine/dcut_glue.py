@@ -455,6 +455,13 @@ def make_ragged_layout(counts: torch.Tensor, qo_indptr: torch.Tensor, num_tokens
     )
 
 
+def reset_token_counts(fb: Any, device: Any, *, is_draft_worker: bool) -> None:
+    """Recount a forward batch's non-padded tokens after its rows were swapped (compacted or restored)."""
+    init = getattr(fb, "_init_num_token_non_padded", None)
+    if init is not None:
+        init(device=device, is_draft_worker=is_draft_worker)
+
+
 class TargetForwardInterceptor:
     """Per-instance wrapper of ``target_worker.forward_batch_generation`` for one verify call.
 
@@ -545,7 +552,7 @@ class TargetForwardInterceptor:
             loc = saved["out_cache_loc"]
             fb.out_cache_loc = torch.where(p.kept_index >= 0, loc[p.kept_index.clamp(min=0)],
                                            torch.zeros_like(p.kept_index).to(loc.dtype))
-        self._reset_token_counts(fb)
+        reset_token_counts(fb, self.target_worker.model_runner.device, is_draft_worker=False)
         try:
             result = original(*args, **kwargs)
         finally:
@@ -560,7 +567,7 @@ class TargetForwardInterceptor:
             if hasattr(fb, "out_cache_loc_virtual"):
                 fb.out_cache_loc_virtual = saved["out_cache_loc_virtual"]
             fb.out_cache_loc_is_physical = saved["out_cache_loc_is_physical"]
-            self._reset_token_counts(fb)
+            reset_token_counts(fb, self.target_worker.model_runner.device, is_draft_worker=False)
         lo = result.logits_output
         if lo is not None:
             if lo.next_token_logits is not None:
@@ -569,10 +576,6 @@ class TargetForwardInterceptor:
                 lo.hidden_states = scatter_to_full(lo.hidden_states, p.kept_index, p.total_nodes)
         return result
 
-    def _reset_token_counts(self, fb: Any) -> None:
-        init = getattr(fb, "_init_num_token_non_padded", None)
-        if init is not None:
-            init(device=self.target_worker.model_runner.device, is_draft_worker=False)
 
 
 # ----------------------------------------------------------------------------- the runner

@@ -13,8 +13,8 @@ verify has already moved to the front of the request's block for trees
 Rows past the accepted run write draft KV into slots past the new sequence length (ordinary
 over-allocation, rewritten by the next round before anyone reads it) and produce logits nobody
 selects. On GPU the fixed width is what the draft-extend CUDA graph replays; on an eager runner
-it is pure waste: at batch size 64 with 16 draft tokens and about 6 accepted, ~60 % of the
-draft-extend forward on the CPU testbed.
+it is pure waste: with 16 draft tokens and about 6 accepted (the trained testbed models), about
+10 of every 16 rows.
 
 :class:`AcceptedRowsDraftExtend` runs that forward over the accepted rows only and scatters the
 per-row outputs back to the ``bs * N`` layout SGLang selects from, so everything downstream
@@ -42,10 +42,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from sglang_ext.config import DRAFT_EXTEND_ACCEPTED, DRAFT_EXTEND_CHOICES, DRAFT_EXTEND_WINDOW  # noqa: F401
+from sglang_ext.dcut.tree import scatter_to_full
+from sglang_ext.engine.dcut_glue import reset_token_counts
 
 logger = logging.getLogger(__name__)
 
 RAGGED_DRAFT_EXTEND_FLAG = "supports_ragged_draft_extend"
+SKIP_MODE_WINDOW = "mode window"  # skip reason of --dcut-draft-extend window: counted, never warned
 
 
 def accepted_row_index(
@@ -64,23 +67,6 @@ def accepted_row_index(
     col = torch.arange(num_tokens_per_req, device=lens.device).view(1, -1)  # [1, N]
     keep = col < lens.view(bs, 1)  # [bs, N]
     return torch.nonzero(keep.reshape(-1), as_tuple=False).view(-1)
-
-
-def scatter_rows(
-    compact: torch.Tensor,  # [num_rows, ...] outputs of the compacted forward
-    rows: torch.Tensor,  # [num_rows] int64 rows of the full layout
-    total_rows: int,
-) -> torch.Tensor:  # [total_rows, ...], zeros where no row was run
-    """Place per-row outputs back at their rows of the full window (zeros elsewhere).
-
-    Examples
-    --------
-    >>> scatter_rows(torch.tensor([[1.0], [2.0]]), torch.tensor([0, 3]), 4).view(-1).tolist()
-    [1.0, 0.0, 0.0, 2.0]
-    """
-    out = compact.new_zeros((total_rows,) + tuple(compact.shape[1:]))
-    out.index_copy_(0, rows, compact)
-    return out
 
 
 @dataclass
@@ -121,7 +107,7 @@ class AcceptedRowsDraftExtend:
     def skip_reason(self, fb: Any) -> Optional[str]:
         """Why this forward must run the full window (None when it can be compacted)."""
         if self.mode != DRAFT_EXTEND_ACCEPTED:
-            return "mode window"
+            return SKIP_MODE_WINDOW
         if fb is None or not fb.forward_mode.is_draft_extend_v2():
             return "not a draft extend"
         if not getattr(self.model_runner.attn_backend, RAGGED_DRAFT_EXTEND_FLAG, False):
@@ -156,7 +142,7 @@ class AcceptedRowsDraftExtend:
         if reason is not None:
             if fb is not None and fb.forward_mode.is_draft_extend_v2():
                 self.stats.window_forwards += 1
-                if reason != "mode window":
+                if reason != SKIP_MODE_WINDOW:
                     self.stats.skipped[reason] = self.stats.skipped.get(reason, 0) + 1
                     if reason not in self._warned:
                         self._warned.add(reason)
@@ -200,18 +186,16 @@ class AcceptedRowsDraftExtend:
             fb.seq_lens_cpu = saved["seq_lens_cpu"] - n + torch.tensor(lens, dtype=saved["seq_lens_cpu"].dtype)
             fb.seq_lens_sum = int(fb.seq_lens_cpu.sum())
         fb.forward_metadata_ready = False  # the pre-made plan covers the full window: re-plan
-        self._reset_token_counts(fb)
+        reset_token_counts(fb, self.model_runner.device, is_draft_worker=True)
         try:
             out = original(*args, **kwargs)
         finally:
+            # every field the compaction (and plan.bind) changed is in `saved`
             for name, value in saved.items():
                 if name in ("out_cache_loc_virtual", "kv_loc_cols") and not hasattr(fb, name):
                     continue
                 setattr(fb, name, value)
-            if plan is not None and translator is not None:
-                plan.bind(fb, translator, cols=saved["kv_loc_cols"])
-                fb.out_cache_loc = saved["out_cache_loc"]
-            self._reset_token_counts(fb)
+            reset_token_counts(fb, self.model_runner.device, is_draft_worker=True)
         self.stats.compacted_forwards += 1
         self.stats.rows_run += num_rows
         self.stats.rows_window += total
@@ -220,10 +204,6 @@ class AcceptedRowsDraftExtend:
             for name in ("next_token_logits", "hidden_states"):
                 value = getattr(lo, name, None)
                 if isinstance(value, torch.Tensor) and value.shape[0] == num_rows:
-                    setattr(lo, name, scatter_rows(value, rows, total))
+                    setattr(lo, name, scatter_to_full(value, rows, total))
         return out
 
-    def _reset_token_counts(self, fb: Any) -> None:
-        init = getattr(fb, "_init_num_token_non_padded", None)
-        if init is not None:
-            init(device=self.model_runner.device, is_draft_worker=True)

@@ -20,7 +20,6 @@ from sglang_ext.engine.draft_extend_rows import (
     DRAFT_EXTEND_WINDOW,
     AcceptedRowsDraftExtend,
     accepted_row_index,
-    scatter_rows,
 )
 
 HIDDEN, VOCAB = 6, 5
@@ -87,11 +86,6 @@ def test_accepted_row_index_matches_a_loop(seed):
     accept = torch.randint(1, n + 1, (bs,), generator=gen)
     want = [b * n + j for b in range(bs) for j in range(int(accept[b]))]
     assert accepted_row_index(accept, n).tolist() == want
-
-
-def test_scatter_rows_places_rows_and_zero_fills():
-    out = scatter_rows(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([3, 1]), 5)
-    assert out.tolist() == [[0, 0], [3, 4], [0, 0], [1, 2], [0, 0]]
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -298,9 +298,9 @@ def make_plan(
 
 #: Key rows (``groups x padded key columns``) one padded SDPA call may cover. A call's padded keys
 #: and values, ``rows x num_kv_heads x (qk_head_dim + v_head_dim)`` floats, should stay in the
-#: CPU's caches: on the testbed (3 heads of 64, fp32: 1.5 KiB per row) 4096 rows are 6 MiB, and
-#: splitting bs-64 verify batches there cut the attention time by 15-25 % in
-#: ``bench/cpu_backend_speed.py``-style micro-benchmarks; larger calls ran slower per row.
+#: CPU's caches: on the testbed (3 heads of 64, fp32: 1.5 KiB per row) 4096 rows are 6 MiB. Chosen
+#: from an ad-hoc micro-benchmark of bs-64 verify shapes (2048 / 4096 / 8192 rows; not a bench/
+#: script), where larger calls ran slower per row.
 KV_ROWS_PER_CALL = 4096
 
 
@@ -991,8 +991,8 @@ def run_draft_round_step(
     hkv, dv = k_cache.shape[1], v_cache.shape[2]
     c = rnd.max_cols
     if state.next_step != step or state.k is None or state.k.shape[1] != n * c:
-        # Head-major buffers: SDPA then reads each (group, head) key block contiguously, which is
-        # ~40 % faster per draft step than the slot-major gather layout (same values, same result).
+        # Head-major buffers: SDPA then reads each (group, head) key block contiguously (faster than
+        # the slot-major gather layout in an ad-hoc micro-benchmark; same values, same result).
         state.k = k_cache.index_select(0, rnd.kv_src).transpose(0, 1).contiguous()  # [hkv, n * c, d]
         state.v = v_cache.index_select(0, rnd.kv_src).transpose(0, 1).contiguous()  # [hkv, n * c, dv]
         if step > 0:
