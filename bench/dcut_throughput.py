@@ -25,8 +25,12 @@ template (thinking on); ``--models tiny`` uses the CPU testbed's tiny random mod
 ``--models-dir`` with prompts from the distribution their draft was fitted on; ``--target`` /
 ``--draft`` name any other pair (prompts: held-out problems when the target has the testbed's
 chat template, else the tiny-model prompts). On a shared CPU machine use ``OMP_NUM_THREADS=1``.
-Run::
+Run (the first is the D-Cut acceptance run: SGLang's documented 16-draft-token EAGLE tree, 3 steps,
+topk 4; the second the 15-step chain; the engine end to end is tested in
+``tests/integration/test_bench_dcut_engine.py``)::
 
+    OMP_NUM_THREADS=1 python bench/dcut_throughput.py --num-steps 3 --topk 4 --num-draft-tokens 16 \\
+        --batch-sizes 1,4,16,32,64 --out bench/out/dcut_tree16.png --json bench/out/dcut_tree16.json
     OMP_NUM_THREADS=1 python bench/dcut_throughput.py --num-steps 15 --num-draft-tokens 16 \\
         --batch-sizes 1,4,16,32,64 --out bench/out/dcut_throughput.png --json bench/out/dcut.json
 
