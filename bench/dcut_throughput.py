@@ -306,9 +306,7 @@ def run_bench(args) -> dict:
         "settings": {k: v for k, v in vars(args).items() if k not in ("what_if",)},
         "target": target, "draft": draft, "prompts": kind, "startup_s": startup,
         "cost_table": info.get("cost_table"), "cost_table_info": info.get("cost_table_info"),
-        "tok_s": {m: {bs: r["tok_s"] for bs, r in res.items()} for m, res in results.items()},
-        "tok_s_runs": {m: {bs: r.get("runs", []) for bs, r in res.items()} for m, res in results.items()},
-        "dcut": dcut_stats, "lossless_vs_full": lossless,
+        **_throughput(results), "dcut": dcut_stats, "lossless_vs_full": lossless,
     }
 
 
@@ -368,9 +366,7 @@ def run_url(args) -> dict:
                   if has_stats else {})
     return {"settings": {k: v for k, v in vars(args).items() if k != "what_if"}, "url": url,
             "cost_table": dcut.get("cost_table"), "cost_table_info": dcut.get("cost_table_info"),
-            "tok_s": {m: {bs: r["tok_s"] for bs, r in res.items()} for m, res in results.items()},
-        "tok_s_runs": {m: {bs: r.get("runs", []) for bs, r in res.items()} for m, res in results.items()},
-            "dcut": dcut_stats, "lossless_vs_full": lossless}
+            **_throughput(results), "dcut": dcut_stats, "lossless_vs_full": lossless}
 
 
 def _stats_with_calibration(state: dict) -> dict:
@@ -500,6 +496,13 @@ def report(res: dict, out_png: str = None) -> None:
     if out_png:
         _plot(res, bs_list, modes, out_png)
         print(f"plot: {out_png}")
+
+
+def _throughput(results: Dict) -> dict:
+    """The saved throughput of ``{mode: {bs: measurement}}``: best-of (``tok_s``) and per repeat
+    (``tok_s_runs``, for the paired ratios)."""
+    return {"tok_s": {m: {bs: r["tok_s"] for bs, r in res.items()} for m, res in results.items()},
+            "tok_s_runs": {m: {bs: r.get("runs", []) for bs, r in res.items()} for m, res in results.items()}}
 
 
 def _paired_ratios(runs: dict, bs_list: List[int], fixed: List[str]) -> dict:

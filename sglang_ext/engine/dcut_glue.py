@@ -577,7 +577,6 @@ class TargetForwardInterceptor:
         return result
 
 
-
 # ----------------------------------------------------------------------------- the runner
 def _unsupported_reason(worker: Any) -> Optional[str]:
     """Why D-Cut cannot prune on this server (None when it can)."""

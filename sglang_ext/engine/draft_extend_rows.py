@@ -206,4 +206,3 @@ class AcceptedRowsDraftExtend:
                 if isinstance(value, torch.Tensor) and value.shape[0] == num_rows:
                     setattr(lo, name, scatter_to_full(value, rows, total))
         return out
-

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from sglang_ext.dcut.tree import NO_PARENT, ancestor_mask
-
 from sglang_ext.engine.cpu.torch_backend_plan import (
     AttentionPlan,
     BucketedPlan,

@@ -384,8 +384,9 @@ def bucket_plan(
     """:func:`make_plan`, split into query-length buckets (see :func:`split_by_query_length`).
 
     Returns a plain :class:`AttentionPlan` when everything fits one call, else a
-    :class:`BucketedPlan` whose buckets :func:`run_plan` runs one after the other. Each group's attention is the same computation either way (its own rows, keys and
-    mask); only the padding around it changes.
+    :class:`BucketedPlan` whose buckets :func:`run_plan` runs one after the other. Each group's
+    attention is the same computation either way (its own rows, keys and mask); only the padding
+    around it changes.
 
     Examples
     --------
