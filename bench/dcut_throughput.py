@@ -65,7 +65,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINED = os.path.join(REPO, "sglang_ext", "testbed", "models")
 MODES = ("full", "r0.25", "r0.5", "r0.75", "auto")
 MODE_RATIO = {"full": 1.0, "r0.25": 0.25, "r0.5": 0.5, "r0.75": 0.75, "auto": 0.0}
-TIMING_ENV = "SGLANG_EXT_DCUT_TIMING"  # sglang_ext.engine.dcut_glue.TIMING_ENV (not imported: no SGLang yet)
+TIMING_ENV = "SGLANG_EXT_DCUT_TIMING"  # sglang_ext.engine.dcut.runner.TIMING_ENV (not imported: no SGLang yet)
 PROBLEM_SEED = 777
 
 
@@ -253,7 +253,7 @@ def _measure(engine, prompts_all, bs_list, args, modes=(None,), set_mode=None, s
 
 def run_bench(args) -> dict:
     _activate_cpu_testbed()
-    from sglang_ext.engine.dcut_client import dcut_info, dcut_states, set_force_ratio
+    from sglang_ext.engine.dcut.client import dcut_info, dcut_states, set_force_ratio
 
     args.bs_list = [int(b) for b in args.batch_sizes.split(",")]
     if not args.no_timing:
@@ -329,7 +329,7 @@ def run_url(args) -> dict:
     D-Cut metrics deltas from ``internal_states``; the configured mode is restored at the end.
     Else one mode, ``server``, as it is.
     """
-    from sglang_ext.engine.dcut_client import dcut_states, server_info, set_force_ratio
+    from sglang_ext.engine.dcut.client import dcut_states, server_info, set_force_ratio
 
     args.bs_list = [int(b) for b in args.batch_sizes.split(",")]
     if args.max_new_tokens is None:

@@ -1,6 +1,6 @@
 """What does one speculative step cost per (batch size, verify tier) on this machine?
 
-Runs only the launch-time D-Cut profiler (``sglang_ext.engine.profiler``, the same code a
+Runs only the launch-time D-Cut profiler (``sglang_ext.engine.dcut.profiler``, the same code a
 ``--dcut auto`` server runs in its scheduler) and prints the cost table it produced, with the
 ratio of every tier's step cost to full verification, then saves a PNG plot.
 
@@ -108,7 +108,7 @@ def _profile_with_engine(args: argparse.Namespace) -> Dict[str, Any]:
     import sglang
 
     import sglang_ext
-    from sglang_ext.engine.dcut_client import dcut_info
+    from sglang_ext.engine.dcut.client import dcut_info
 
     target, draft = args.target, args.draft
     if target is None or draft is None:
@@ -135,7 +135,7 @@ def _profile_with_engine(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def _info_from_url(url: str) -> Dict[str, Any]:
-    from sglang_ext.engine.dcut_client import dcut_info
+    from sglang_ext.engine.dcut.client import dcut_info
 
     try:
         return dict(dcut_info(url))

@@ -5,9 +5,7 @@ SGLang finds this package through the ``sglang.srt.plugins`` entry point and cal
 imported at module load; :func:`register` imports the glue layer lazily.
 """
 
-__version__ = "0.1.0"
-
-SUPPORTED_SGLANG_VERSION = "0.5.23"
+from sglang_ext.version import SUPPORTED_SGLANG_VERSION, __version__  # noqa: F401
 
 
 def register() -> None:

@@ -38,6 +38,8 @@ __all__ = [
     "preset_values",
     "check_against_server",
     "resolve_token_ids",
+    "get_extension_config",
+    "attach_extension_config",
     "EAGLE_FAMILY",
     "DCUT_ALGORITHMS",
 ]
@@ -559,3 +561,23 @@ def resolve_token_ids(cfg: SpecExitConfig, encode: Callable[[str], Sequence[int]
                           f"{json.dumps(list(cfg.step_split_tokens))} encodes to a single token with this tokenizer, "
                           "so SpecExit could never find a paragraph boundary")
     return ResolvedTokens(stop_think_id=int(stop[0]), step_split_ids=tuple(ids), dropped_step_split=tuple(dropped))
+
+
+# ----------------------------------------------------------------------------- configs on ServerArgs
+#: ``ServerArgs`` attributes that carry the configs to every SGLang process (pickled with it).
+SPECEXIT_ATTR = "_specexit"
+DCUT_ATTR = "_dcut"
+
+
+def get_extension_config(server_args: Any) -> ExtensionConfig:
+    """The configs attached to a ``ServerArgs`` (defaults when none are attached)."""
+    se = getattr(server_args, SPECEXIT_ATTR, None)
+    dc = getattr(server_args, DCUT_ATTR, None)
+    return ExtensionConfig(specexit=se if se is not None else SpecExitConfig(),
+                           dcut=dc if dc is not None else DCutConfig())
+
+
+def attach_extension_config(server_args: Any, cfg: ExtensionConfig) -> None:
+    """Store the configs as underscore attributes; they are pickled to every scheduler process."""
+    setattr(server_args, SPECEXIT_ATTR, cfg.specexit)
+    setattr(server_args, DCUT_ATTR, cfg.dcut)

@@ -171,7 +171,7 @@ class DraftCapture:
         self._extend_logits_owner: Any = None
         #: Optional ``(original_forward, args, kwargs) -> output`` that runs the draft runner's
         #: forward while a draft extend is active, in place of a plain call (the accepted-rows
-        #: draft extend of :mod:`sglang_ext.engine.draft_extend_rows`); None = plain call.
+        #: draft extend of :mod:`sglang_ext.engine.dcut.draft_extend`); None = plain call.
         self.extend_forward: Optional[Callable] = None
         self.allocate(max_rows)
 

@@ -5,11 +5,11 @@
 SpecExit edits the ``GenerationBatchResult`` after it, and both run before lengths are
 published. Each feature lives in its own glue module and is driven from here:
 
-* ``sglang_ext.engine.dcut_glue.DCutRunner`` -- ``verify(worker, batch, pp_proxy_tensors,
+* ``sglang_ext.engine.dcut.runner.DCutRunner`` -- ``verify(worker, batch, pp_proxy_tensors,
   grammar_barrier, base_verify) -> GenerationBatchResult`` (``base_verify`` is the stock
   ``EAGLEWorkerV2.verify`` bound to the worker), plus ``init_after_graphs(worker)`` for the
   launch-time cost profiling;
-* ``sglang_ext.engine.specexit_glue.SpecExitRunner`` -- ``on_prefill(worker, batch, result)``
+* ``sglang_ext.engine.specexit.runner.SpecExitRunner`` -- ``on_prefill(worker, batch, result)``
   after a prefill/extend batch and ``after_verify(worker, batch, verify_input, result) ->
   GenerationBatchResult`` after every verify.
 
@@ -22,7 +22,7 @@ import logging
 
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-from sglang_ext.engine.plugin import get_extension_config
+from sglang_ext.config import get_extension_config
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +33,14 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args=server_args, gpu_id=gpu_id, nccl_port=nccl_port, target_worker=target_worker)
         self.ext_config = get_extension_config(server_args)
-        # [dcut_glue] per-node draft confidences (D-Cut scores, SpecExit draft-confidence signal)
+        # [dcut] per-node draft confidences (D-Cut scores, SpecExit draft-confidence signal)
         from sglang_ext.engine.draft_capture import install as install_draft_capture
 
         self.draft_capture = install_draft_capture(self)
         # eager draft extends over the accepted rows only (same output; --dcut-draft-extend)
         self.draft_extend_rows = None
         if self.draft_capture is not None:
-            from sglang_ext.engine.draft_extend_rows import AcceptedRowsDraftExtend
+            from sglang_ext.engine.dcut.draft_extend import AcceptedRowsDraftExtend
 
             self.draft_extend_rows = AcceptedRowsDraftExtend(self._draft_worker.draft_runner,
                                                              self.ext_config.dcut.draft_extend)
@@ -48,11 +48,11 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
         self.dcut = None
         self.specexit = None
         if self.ext_config.dcut.enabled:
-            from sglang_ext.engine.dcut_glue import DCutRunner
+            from sglang_ext.engine.dcut.runner import DCutRunner
 
             self.dcut = DCutRunner(self, self.ext_config.dcut)
         if self.ext_config.specexit.enabled:
-            from sglang_ext.engine.specexit_glue import SpecExitRunner
+            from sglang_ext.engine.specexit.runner import SpecExitRunner
 
             self.specexit = SpecExitRunner(self, self.ext_config.specexit)
         logger.info("sglang_ext worker active: specexit=%s dcut=%s", self.ext_config.specexit.enabled,

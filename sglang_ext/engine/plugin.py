@@ -20,7 +20,7 @@ target                                                                 type    p
 ``...model_runner.ModelRunner._decode_cuda_graph_runner_cls`` (CUDA)     AROUND  D-Cut tier verify graphs
 =====================================================================  ======  =======================
 
-plus the CPU testbed's torch attention backend registration (``engine/cpu/torch_backend.py``).
+plus the CPU testbed's torch attention backend registration (``engine/attention/torch_sdpa.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import logging
 import sys
 from typing import Any, Optional
 
-from sglang_ext import SUPPORTED_SGLANG_VERSION
+from sglang_ext.version import SUPPORTED_SGLANG_VERSION, __version__
 from sglang_ext.config import (
     EAGLE_FAMILY,
     EXTENSION_DESTS,
@@ -39,16 +39,15 @@ from sglang_ext.config import (
     DCutConfig,
     ExtensionConfig,
     SpecExitConfig,
+    attach_extension_config,
     check_against_server,
     configs_from_mapping,
+    get_extension_config,
     iter_flags,
     preset_values,
 )
 
 logger = logging.getLogger(__name__)
-
-SPECEXIT_ATTR = "_specexit"
-DCUT_ATTR = "_dcut"
 
 HOOK_ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 HOOK_FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
@@ -76,26 +75,11 @@ def check_sglang_version(installed: Optional[str] = None) -> str:
                                      % SUPPORTED_SGLANG_VERSION) from None
     if installed != SUPPORTED_SGLANG_VERSION:
         raise SGLangVersionError(
-            f"sglang_ext {__import__('sglang_ext').__version__} supports only sglang=={SUPPORTED_SGLANG_VERSION}, "
+            f"sglang_ext {__version__} supports only sglang=={SUPPORTED_SGLANG_VERSION}, "
             f"but sglang=={installed} is installed; install the pinned release or disable the plugin with "
             f"SGLANG_PLUGINS=<other plugins>"
         )
     return installed
-
-
-# ----------------------------------------------------------------------------- config access
-def get_extension_config(server_args: Any) -> ExtensionConfig:
-    """The configs attached to a ``ServerArgs`` (defaults when none are attached)."""
-    se = getattr(server_args, SPECEXIT_ATTR, None)
-    dc = getattr(server_args, DCUT_ATTR, None)
-    return ExtensionConfig(specexit=se if se is not None else SpecExitConfig(),
-                           dcut=dc if dc is not None else DCutConfig())
-
-
-def attach_extension_config(server_args: Any, cfg: ExtensionConfig) -> None:
-    """Store the configs as underscore attributes; they are pickled to every scheduler process."""
-    setattr(server_args, SPECEXIT_ATTR, cfg.specexit)
-    setattr(server_args, DCUT_ATTR, cfg.dcut)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -171,7 +155,7 @@ def _around_engine_init(original_fn, self, *args, **kwargs):
         return original_fn(self, *args, **kwargs)
     if "server_args" in kwargs:
         raise TypeError("sglang_ext: pass extension options either as Engine keyword arguments or attached to "
-                        "server_args (sglang_ext.attach_extension_config), not both")
+                        "server_args (sglang_ext.config.attach_extension_config), not both")
     # Mirror Engine.__init__'s own construction so the extension configs can be attached
     # before the scheduler processes are spawned.
     from sglang.srt.entrypoints.engine import Engine
@@ -200,7 +184,7 @@ def select_worker_class(base_cls: Any, server_args: Any) -> Any:
     algo = _speculative_algorithm_of(server_args)
     if cfg.specexit.enabled and algo not in EAGLE_FAMILY:
         raise ConfigError(f"--specexit: needs an EAGLE-family algorithm, got {algo}")
-    if algo == "DFLASH" and cfg.dcut.enabled:  # [dflash_worker]
+    if algo == "DFLASH" and cfg.dcut.enabled:  # [dcut/dflash]
         from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
         if base_cls is DFlashWorkerV2:
@@ -281,22 +265,22 @@ def register_hooks() -> None:
     HookRegistry.register(HOOK_CREATE_WORKER, _around_create_worker, HookType.AROUND)
     HookRegistry.register(HOOK_TREE_MASK_MODE, _around_default_tree_mask_mode, HookType.AROUND)
     HookRegistry.register(HOOK_CPU_BACKENDS, _before_handle_cpu_backends, HookType.BEFORE)
-    from sglang_ext.engine.specexit_hooks import register_specexit_hooks  # [specexit_glue]
+    from sglang_ext.engine.specexit.hooks import register_specexit_hooks  # [specexit]
 
     register_specexit_hooks()  # custom_params check, meta_info, /server_info, SpecExit draft class (patches/INDEX.md)
-    from sglang_ext.engine.dcut_hooks import register_hooks as register_dcut_hooks  # [dcut_glue]
+    from sglang_ext.engine.dcut.hooks import register_hooks as register_dcut_hooks  # [dcut]
 
     register_dcut_hooks()  # draft confidences + D-Cut in /server_info (patches/INDEX.md)
     _register_cpu_backend()
     import torch
 
-    from sglang_ext.engine.flashinfer_verify import register as register_flashinfer_dcut
+    from sglang_ext.engine.attention.flashinfer_dcut import register as register_flashinfer_dcut
 
-    # [flashinfer_verify] `flashinfer_dcut` backend (patches/flashinfer_dcut_backend.md); the name
+    # [attention/flashinfer_dcut] `flashinfer_dcut` backend (patches/flashinfer_dcut_backend.md); the name
     # is registered everywhere (a clear error when built without CUDA/flashinfer).
     register_flashinfer_dcut()
     if torch.cuda.is_available():
-        from sglang_ext.engine.dcut_graphs import register_hooks as register_dcut_graph_hooks  # [dcut_graphs]
+        from sglang_ext.engine.dcut.graphs import register_hooks as register_dcut_graph_hooks  # [dcut/graphs]
 
         register_dcut_graph_hooks()  # one verify graph per (bs, tier) (patches/dcut_graph_runner.md)
     _registered = True
@@ -307,9 +291,9 @@ def _register_cpu_backend() -> None:
     import importlib
 
     try:
-        torch_backend = importlib.import_module("sglang_ext.engine.cpu.torch_backend")
+        torch_backend = importlib.import_module("sglang_ext.engine.attention.torch_sdpa")
     except ModuleNotFoundError as e:
-        if e.name != "sglang_ext.engine.cpu.torch_backend":
+        if e.name != "sglang_ext.engine.attention.torch_sdpa":
             raise
         return
     torch_backend.register()

@@ -3,7 +3,7 @@
     python -m sglang_ext.testbed.train --estimate-time --threads 1          # the full run
     python -m sglang_ext.testbed.train --estimate-time --quick --timed-steps 1
 
-Builds every stage in the configuration of the run (:func:`train.stage_config`: same
+Builds every stage in the configuration of the run (:func:`stages.stage_config`: same
 model shapes, batch sizes, sequence lengths and step counts), times a few units of each
 stage with the stage's own functions (``train_target.train_step`` on the batches of
 sampled steps, ``traces.make_traces`` / ``label_confidence`` on sampled problems,
@@ -184,7 +184,7 @@ def estimate(seed: int = 0, quick: bool = False, threads: int = 1, timed_steps: 
     from sglang_ext.testbed.common import encode_prompt, greedy_generate, save_atomic
     from sglang_ext.testbed.modeling import DraftConfig, build_target
     from sglang_ext.testbed.tokenizer import build_tokenizer
-    from sglang_ext.testbed.train import stage_config
+    from sglang_ext.testbed.stages import stage_config
     from sglang_ext.testbed.traces import label_confidence, make_traces
     from sglang_ext.testbed.train_draft import cache_features, draft_batch, draft_optimizer, \
         draft_train_step, init_draft

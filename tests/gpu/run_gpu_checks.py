@@ -11,14 +11,14 @@ runs out; if FlashInfer cannot run, (b)/(c) fall back to the torch backend's SDP
 
 (a) **correctness** -- random pruned trees (EAGLE-style, custom mask) and prefix-cut chains
     (DFlash-style, causal) at every tier: FlashInfer's ``BatchPrefillWithPagedKVCacheWrapper``
-    planned by :mod:`sglang_ext.engine.flashinfer_verify` (ragged ``qo_indptr``, kept keys, packed
+    planned by :mod:`sglang_ext.engine.attention.flashinfer_dcut` (ragged ``qo_indptr``, kept keys, packed
     mask) equals the torch backend's math (``torch_backend_plan.plan_target_verify`` +
     ``run_plan``) in bf16 within tolerance, eagerly and replayed from one CUDA graph per
     ``(bs, tier)`` at the tier's padded row count (padding lanes filled with garbage); greedy
     verification (``verify_tree_greedy_cpu``, the project's torch port of SGLang's kernel) on the
     vocabulary logits of both accepts exactly the same nodes (rows whose top-2 logit gap is below
     the numeric tolerance are reported and left out, never silently);
-(a2) **padded replay** (``sglang_ext.engine.dcut_graphs``) -- steps of fewer requests than the
+(a2) **padded replay** (``sglang_ext.engine.dcut.graphs``) -- steps of fewer requests than the
     graph replayed from the smallest fitting ``(bs, T)`` tier graph, padded as the D-Cut tier-graph
     runner does (zero-row padding requests, rows past the last request with garbage): real rows equal
     the torch backend's math in bf16 within tolerance;
@@ -74,9 +74,9 @@ from sglang_ext.dcut import (  # noqa: E402
     tree_survival,
 )
 from sglang_ext.dcut.tiers import DEFAULT_TIERS  # noqa: E402
-from sglang_ext.engine import flashinfer_verify as fv  # noqa: E402
+from sglang_ext.engine.attention import flashinfer_dcut as fv  # noqa: E402
 from sglang_ext.engine.cpu.spec_ops import verify_tree_greedy_cpu  # noqa: E402
-from sglang_ext.engine.cpu.torch_backend_plan import plan_target_verify, run_plan  # noqa: E402
+from sglang_ext.engine.attention.torch_sdpa_plan import plan_target_verify, run_plan  # noqa: E402
 
 SGLANG_VERSION = "0.5.23"
 WORKSPACE_BYTES = 512 * 1024 * 1024  # SGLang's FlashInfer workspace for Qwen models
@@ -442,7 +442,7 @@ def check_padded_replay(cfg: Config, attn: VerifyAttention, deadline: float, log
     row 0 (what SGLang's registry puts in padded request slots), and rows past the last request filled
     with garbage. The real rows must equal the torch backend's attention; padding rows are not compared.
     """
-    from sglang_ext.engine import dcut_graphs as dg  # pure part (no SGLang import)
+    from sglang_ext.engine.dcut import graphs as dg  # pure part (no SGLang import)
 
     dev, dt = cfg.device, torch.bfloat16
     hq, hkv, d = cfg.heads_q, cfg.heads_kv, cfg.head_dim
@@ -940,7 +940,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if mode != "torch":
         a_res = run_part("a_correctness", lambda: check_correctness(cfg, attn, deadline, log))
-        run_part("a2_padded_replay", lambda: check_padded_replay(cfg, attn, deadline, log))  # [dcut_graphs]
+        run_part("a2_padded_replay", lambda: check_padded_replay(cfg, attn, deadline, log))  # [dcut/graphs]
         if a_res.get("error") and mode == "flashinfer":  # e.g. no JIT toolchain: keep the cost curves
             attn = VerifyAttention(cfg, "torch")
             summary["attention"] = "torch (FlashInfer failed in (a))"

@@ -191,7 +191,7 @@ class DCutModeCycler:
         self._thread: Optional[threading.Thread] = None
 
     def _run(self) -> None:
-        from sglang_ext.engine.dcut_client import set_force_ratio
+        from sglang_ext.engine.dcut.client import set_force_ratio
 
         i = 0
         while not self._stop.wait(self.period_s if i else 0.0):
@@ -211,7 +211,7 @@ class DCutModeCycler:
         return self
 
     def __exit__(self, *exc) -> None:
-        from sglang_ext.engine.dcut_client import set_force_ratio
+        from sglang_ext.engine.dcut.client import set_force_ratio
 
         self._stop.set()
         if self._thread is not None:

@@ -96,7 +96,7 @@ def served(request, tiny_models, tmp_path_factory, strict_mem_checks):
 
 
 def _state(eng):
-    from sglang_ext.engine.dcut_client import dcut_states
+    from sglang_ext.engine.dcut.client import dcut_states
 
     states = dcut_states(eng)
     assert len(states) == 1
@@ -104,7 +104,7 @@ def _state(eng):
 
 
 def test_lossless_in_every_mode(served, prompts, hf_reference):
-    from sglang_ext.engine.dcut_client import set_force_ratio
+    from sglang_ext.engine.dcut.client import set_force_ratio
 
     cfg, eng, _ = served
     for ratio in FORCED_RATIOS + (0.0,):  # 0.0: back to the configured --dcut mode
@@ -140,7 +140,7 @@ def test_metrics_and_tiers(served):
 
 
 def test_cost_table_in_server_info_and_model_config(served):
-    from sglang_ext.engine.dcut_client import dcut_info
+    from sglang_ext.engine.dcut.client import dcut_info
 
     cfg, eng, table = served
     info = dcut_info(eng)
@@ -206,7 +206,7 @@ def test_no_kv_leak_after_finish_and_abort(served, prompts):
 
 def test_exempt_requests_keep_their_full_tree(served, prompts, hf_reference):
     """Logprob and penalty requests are verified in full (counted); output stays lossless."""
-    from sglang_ext.engine.dcut_client import set_force_ratio
+    from sglang_ext.engine.dcut.client import set_force_ratio
 
     cfg, eng, _ = served
     if cfg["dcut"] != "auto" or cfg["topk"] != 1:
@@ -237,7 +237,7 @@ def test_exempt_requests_keep_their_full_tree(served, prompts, hf_reference):
 
 def test_link_cut_oracle_matches_compacted_verify(served, prompts, hf_reference):
     """Route C (same layout, pruned links cut, full-width forward) == compacted verify == HF."""
-    from sglang_ext.engine.dcut_client import set_compact, set_force_ratio
+    from sglang_ext.engine.dcut.client import set_compact, set_force_ratio
 
     cfg, eng, _ = served
     if cfg["n"] != 8:

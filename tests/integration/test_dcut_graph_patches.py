@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_ext.engine import dcut_graphs as dg
-from sglang_ext.engine import flashinfer_verify as fv
+from sglang_ext.engine.dcut import graphs as dg
+from sglang_ext.engine.attention import flashinfer_dcut as fv
 
 
 from drift_guard import param_names as _params  # noqa: E402
@@ -158,7 +158,7 @@ def test_plugin_registers_the_hook_on_cuda_and_it_is_documented():
 
 def _model_runner(*, dcut="auto", draft=False, speculative=True, backend=None):
     from sglang_ext.config import DCutConfig, ExtensionConfig, SpecExitConfig
-    from sglang_ext.engine.plugin import attach_extension_config
+    from sglang_ext.config import attach_extension_config
 
     sa = SimpleNamespace()
     attach_extension_config(sa, ExtensionConfig(specexit=SpecExitConfig(), dcut=DCutConfig(mode=dcut)))
@@ -292,7 +292,7 @@ def _compact_batch(r2t, rp, prefix, keep, extra_pad_rows=1):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
     from sglang_ext.dcut import build_full_mask, compact_tree, retrive_from_parents
-    from sglang_ext.engine.dcut_glue import make_ragged_layout
+    from sglang_ext.engine.dcut.runner import make_ragged_layout
 
     bs = keep.shape[0]
     parent = torch.tensor([[-1, 0, 0, 1]] * bs)
@@ -448,7 +448,7 @@ def test_capture_of_tier_graphs(monkeypatch):
 
 def test_tier_graph_stats_reach_the_live_state():
     """``internal_states[i].dcut.tier_graphs``: the runner's replay counts via the scheduler, None without it."""
-    from sglang_ext.engine.dcut_hooks import tier_graph_stats
+    from sglang_ext.engine.dcut.hooks import tier_graph_stats
 
     gen = torch.Generator().manual_seed(5)
     r2t = (torch.randperm(MAX_BS * 16, generator=gen) + 1).view(MAX_BS, 16)

@@ -143,7 +143,7 @@ def _soak(base: str, vocab: int, seconds: float) -> dict:
 def _check(server, tiny_models, seconds):
     import json
 
-    from sglang_ext.engine.dcut_client import dcut_info, dcut_states, set_force_ratio
+    from sglang_ext.engine.dcut.client import dcut_info, dcut_states, set_force_ratio
 
     base, proc, log = server
     with open(os.path.join(tiny_models.target, "config.json")) as f:

@@ -157,7 +157,7 @@ def test_scheduler_info_targets():
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.managers.scheduler_components import internal_state as ist
 
-    from sglang_ext.engine.dcut_hooks import HOOK_GET_INIT_INFO, HOOK_GET_INTERNAL_STATE, HOOK_UPDATE_HANDLERS
+    from sglang_ext.engine.dcut.hooks import HOOK_GET_INIT_INFO, HOOK_GET_INTERNAL_STATE, HOOK_UPDATE_HANDLERS
 
     assert _params(_resolve(HOOK_GET_INIT_INFO)) == ["self"]
     assert "result_dict" in inspect.getsource(_resolve(HOOK_GET_INIT_INFO))
@@ -202,7 +202,7 @@ def test_interceptor_compacts_and_restores():
     """The per-instance wrapper compacts the TARGET_VERIFY batch, scatters outputs back, restores it."""
     from types import SimpleNamespace as NS
 
-    from sglang_ext.engine.dcut_glue import CompactVerify, TargetForwardInterceptor
+    from sglang_ext.engine.dcut.runner import CompactVerify, TargetForwardInterceptor
 
     class Mode:
         def is_target_verify(self):
@@ -242,7 +242,7 @@ def test_interceptor_compacts_and_restores():
 
 
 def test_draft_extend_rows_targets():
-    """What ``sglang_ext.engine.draft_extend_rows`` relies on (patches/draft_extend_rows.md)."""
+    """What ``sglang_ext.engine.dcut.draft_extend`` relies on (patches/draft_extend_rows.md)."""
     import sglang.srt.speculative.eagle_worker_common as common
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.speculative.eagle_info import EagleDraftExtendInput

@@ -48,7 +48,7 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def first_launch(tiny_models, cache_dir):
-    from sglang_ext.engine.dcut_client import dcut_info
+    from sglang_ext.engine.dcut.client import dcut_info
 
     eng = _engine(tiny_models, cache_dir)
     try:
@@ -77,7 +77,7 @@ def test_profiled_table_written_and_published(first_launch, cache_dir):
 
 
 def test_cache_reused_without_profiling(first_launch, tiny_models, cache_dir):
-    from sglang_ext.engine.dcut_client import dcut_info
+    from sglang_ext.engine.dcut.client import dcut_info
 
     eng = _engine(tiny_models, cache_dir)
     try:
@@ -90,7 +90,7 @@ def test_cache_reused_without_profiling(first_launch, tiny_models, cache_dir):
 
 
 def test_corrupt_cache_falls_back_and_serves(first_launch, tiny_models, tiny_prompts, cache_dir):
-    from sglang_ext.engine.dcut_client import dcut_info, dcut_states
+    from sglang_ext.engine.dcut.client import dcut_info, dcut_states
 
     path = first_launch["cost_table_info"]["path"]
     with open(path, "w") as f:
@@ -114,7 +114,7 @@ def test_corrupt_cache_falls_back_and_serves(first_launch, tiny_models, tiny_pro
 
 def test_cache_key_and_path_are_stable():
     from sglang_ext.dcut import CostTableKey
-    from sglang_ext.engine.profiler import cache_path
+    from sglang_ext.engine.dcut.profiler import cache_path
 
     k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "0.1.0")
     k2 = CostTableKey("m", "d", "cpu", 2, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "0.1.0")
@@ -126,7 +126,7 @@ def test_profiler_doctests_and_interleaving():
     # Median cost and the round-robin order of timed steps (no engine).
     import doctest
 
-    from sglang_ext.engine import profiler
+    from sglang_ext.engine.dcut import profiler
 
     assert doctest.testmod(profiler).failed == 0
     order = profiler.interleaved_order(4, 5)

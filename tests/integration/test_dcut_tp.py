@@ -36,8 +36,8 @@ def _worker(rank, port, out_dir):
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         from sglang_ext.dcut import chain_keep_mask, choose
-        from sglang_ext.engine.dcut_glue import agree_across_ranks
-        from sglang_ext.engine.profiler import max_over_ranks
+        from sglang_ext.engine.dcut.runner import agree_across_ranks
+        from sglang_ext.engine.dcut.profiler import max_over_ranks
 
         # rank 1's confidences differ a little: on its own it would keep other slots
         scores = torch.tensor([[0.9, 0.8, 0.1], [0.7, 0.2, 0.1]])
@@ -74,8 +74,8 @@ def test_two_ranks_agree_on_rank0_plan(tmp_path):
 
 
 def test_single_rank_is_a_no_op():
-    from sglang_ext.engine.dcut_glue import agree_across_ranks
-    from sglang_ext.engine.profiler import max_over_ranks
+    from sglang_ext.engine.dcut.runner import agree_across_ranks
+    from sglang_ext.engine.dcut.profiler import max_over_ranks
 
     keep = torch.tensor([[True, False]])
     out, tier = agree_across_ranks(keep, 2, None)

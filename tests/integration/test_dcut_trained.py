@@ -7,7 +7,7 @@ used in training) through the chat template with thinking on; SpecExit is off (n
 every mode must decode exactly the same tokens.
 
 One engine per draft shape serves every mode in turn, switched at runtime through
-``/set_internal_state`` ``dcut_force_ratio`` (``sglang_ext.engine.dcut_client``): 1.0 = full
+``/set_internal_state`` ``dcut_force_ratio`` (``sglang_ext.engine.dcut.client``): 1.0 = full
 verification (the ``--dcut off`` behaviour, the reference), each fixed tier 0.25 / 0.5 / 0.75, and
 0 = the configured ``--dcut auto`` with a hand-written cost table whose step cost grows with the
 tier (so ``auto`` really prunes; a profiled CPU table is flat and would mostly verify in full).
@@ -96,7 +96,7 @@ def _launch(tmp, topk, steps, n):
 
 
 def _state(eng):
-    from sglang_ext.engine.dcut_client import dcut_states
+    from sglang_ext.engine.dcut.client import dcut_states
 
     states = dcut_states(eng)
     assert len(states) == 1
@@ -109,7 +109,7 @@ def _held(pool):
 
 def check_lossless(eng, prompts, ratios):
     """Run every mode; assert each equals full verification token for token. Returns per-mode metrics."""
-    from sglang_ext.engine.dcut_client import dcut_info, set_force_ratio
+    from sglang_ext.engine.dcut.client import dcut_info, set_force_ratio
 
     assert dcut_info(eng)["cost_table_info"]["source"] == "file"
     held0 = _held(_state(eng)["kv_pool"])
@@ -150,7 +150,7 @@ def check_draft_extend_rows(eng, prompts):
     of steps and of accepted tokens are equal too (a wrong hidden state, position or KV slot in
     the compacted extend would lower the acceptance). Full verification, so D-Cut plays no part.
     """
-    from sglang_ext.engine.dcut_client import set_draft_extend, set_force_ratio
+    from sglang_ext.engine.dcut.client import set_draft_extend, set_force_ratio
 
     runs = {}
     try:
@@ -192,7 +192,7 @@ def test_lossless_chain16_ci(tmp_path):
     ``bench/dcut_throughput.py`` reads): its accept-length histogram must account for exactly the
     accepted tokens the metrics counted, and its parts must be real times.
     """
-    from sglang_ext.engine.dcut_glue import TIMING_ENV
+    from sglang_ext.engine.dcut.runner import TIMING_ENV
 
     prompts = _prompts(16)
     os.environ[TIMING_ENV] = "1"  # inherited by the scheduler process

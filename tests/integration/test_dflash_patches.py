@@ -110,7 +110,7 @@ def test_flashinfer_dcut_without_cuda_parses_but_refuses_to_build():
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
-    from sglang_ext.engine import flashinfer_verify as fv
+    from sglang_ext.engine.attention import flashinfer_dcut as fv
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the backend may be buildable")
@@ -130,8 +130,8 @@ def test_flashinfer_dcut_backend_plans_ragged_verify_from_the_batch():
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
     from sglang_ext.dcut import build_full_mask, chain_keep_mask, chain_retrive, compact_tree
-    from sglang_ext.engine import flashinfer_verify as fv
-    from sglang_ext.engine.dcut_glue import make_ragged_layout
+    from sglang_ext.engine.attention import flashinfer_dcut as fv
+    from sglang_ext.engine.dcut.runner import make_ragged_layout
 
     cls = fv.flashinfer_dcut_backend_class()
     assert issubclass(cls, FlashInferAttnBackend) and fv.flashinfer_dcut_backend_class() is cls

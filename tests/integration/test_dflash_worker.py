@@ -1,7 +1,7 @@
 """D-Cut for DFlash blocks on CPU tensors of SGLang's own DFlash pieces.
 
 ``DFlashWorkerV2`` cannot run on the CPU testbed (see the module docstring of
-``sglang_ext.engine.dflash_worker``), so the worker's D-Cut path is exercised piece by piece with
+``sglang_ext.engine.dcut.dflash``), so the worker's D-Cut path is exercised piece by piece with
 the real SGLang objects it touches: ``DFlashVerifyInput``, ``_DflashDraftSampler``,
 ``DFlashWorkerV2._accept_block`` (greedy, torch path), ``RaggedVerifyLayout``, the project's
 compacted-forward interceptor, and the torch attention backend's TARGET_VERIFY planner driving a
@@ -24,19 +24,19 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _DflashDraftSampler
 
-import sglang_ext.engine.dflash_worker as dw
+import sglang_ext.engine.dcut.dflash as dw
 from sglang_ext.config import DCutConfig
-from sglang_ext.engine.cpu.torch_backend import TorchSDPABackend
-from sglang_ext.engine.cpu.torch_backend_plan import run_plan
-from sglang_ext.engine.dflash_worker import (
+from sglang_ext.engine.attention.torch_sdpa import TorchSDPABackend
+from sglang_ext.engine.attention.torch_sdpa_plan import run_plan
+from sglang_ext.engine.dcut.dflash import (
     NO_TOKEN,
     SAMPLING_EXEMPTION,
     ConfidenceDraftSampler,
     DFlashDCutRunner,
     DFlashPrune,
     DFlashStepState,
-    ExtDFlashWorker,
 )
+from sglang_ext.engine.dflash_worker import ExtDFlashWorker
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -420,7 +420,8 @@ def test_draft_sampler_wrapped_only_for_plain_greedy_head(monkeypatch):
 
 def test_plugin_selects_dflash_worker_only_with_dcut():
     from sglang_ext.config import ExtensionConfig, SpecExitConfig
-    from sglang_ext.engine.plugin import attach_extension_config, select_worker_class
+    from sglang_ext.config import attach_extension_config
+    from sglang_ext.engine.plugin import select_worker_class
 
     sa = SimpleNamespace(speculative_algorithm="DFLASH")
     attach_extension_config(sa, ExtensionConfig(specexit=SpecExitConfig(), dcut=DCutConfig(mode="auto")))

@@ -185,11 +185,11 @@ def test_project_backends_declare_ragged_verify():
     """D-Cut compacts the verify forward only on backends that declare ragged TARGET_VERIFY support."""
     from types import SimpleNamespace
 
-    from sglang_ext.engine import dcut_glue
-    from sglang_ext.engine.cpu.torch_backend import TorchSDPABackend
+    from sglang_ext.engine.dcut import runner as dcut_glue
+    from sglang_ext.engine.attention.torch_sdpa import TorchSDPABackend
 
     assert getattr(TorchSDPABackend, dcut_glue.RAGGED_VERIFY_FLAG) is True
-    src = inspect.getsource(__import__("sglang_ext.engine.flashinfer_verify", fromlist=["x"]))
+    src = inspect.getsource(__import__("sglang_ext.engine.attention.flashinfer_dcut", fromlist=["x"]))
     assert "supports_ragged_target_verify = True" in src
 
     def worker_with(backend):

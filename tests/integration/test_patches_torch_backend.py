@@ -114,7 +114,7 @@ def test_forward_batch_fields_read_by_backend():
 # ---------------------------------------------------------------- behaviour
 @pytest.fixture()
 def registered():
-    from sglang_ext.engine.cpu import torch_backend
+    from sglang_ext.engine.attention import torch_sdpa as torch_backend
 
     torch_backend.register(apply_hooks=True)
     torch_backend.register(apply_hooks=True)

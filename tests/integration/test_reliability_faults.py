@@ -68,7 +68,7 @@ def _fake_worker():
 @pytest.fixture
 def single_rank(monkeypatch):
     """Outside a scheduler there is no TP group: stub it as a single rank (what a TP=1 server has)."""
-    from sglang_ext.engine import profiler
+    from sglang_ext.engine.dcut import profiler
 
     monkeypatch.setattr(profiler, "_tp_group", lambda: None)
 
@@ -76,7 +76,7 @@ def single_rank(monkeypatch):
 @pytest.fixture
 def cache_setup(monkeypatch, single_rank):
     """Profiling plan and key of a fixed server, so the cache path is known in advance."""
-    from sglang_ext.engine import profiler
+    from sglang_ext.engine.dcut import profiler
 
     monkeypatch.setattr(profiler, "profile_batch_sizes", lambda cfg, worker: (1, 4))
     monkeypatch.setattr(profiler, "profile_context_len", lambda cfg, worker, max_bs: 64)
@@ -85,7 +85,7 @@ def cache_setup(monkeypatch, single_rank):
 
 def _launch(cfg, caplog):
     """``DCutRunner.init_after_graphs`` on a fake worker; returns (runner, worker, warnings)."""
-    from sglang_ext.engine.dcut_glue import DCutRunner
+    from sglang_ext.engine.dcut.runner import DCutRunner
 
     worker = _fake_worker()
     runner = DCutRunner(worker, cfg)
@@ -96,7 +96,7 @@ def _launch(cfg, caplog):
 
 
 def _assert_fallback(runner, worker, warnings, needle):
-    from sglang_ext.engine.profiler import MODEL_CONFIG_ATTR, MODEL_CONFIG_INFO_ATTR
+    from sglang_ext.engine.dcut.profiler import MODEL_CONFIG_ATTR, MODEL_CONFIG_INFO_ATTR
 
     info = runner.table_info
     assert runner.cost_table is None
@@ -140,7 +140,7 @@ def test_corrupt_cost_table_file_falls_back(single_rank, caplog, tmp_path, name,
 def test_valid_cost_table_file_is_used(single_rank, caplog, tmp_path):
     """The control case of the table above: the same file, uncorrupted, is loaded as is."""
     from sglang_ext.config import DCutConfig
-    from sglang_ext.engine.profiler import MODEL_CONFIG_ATTR
+    from sglang_ext.engine.dcut.profiler import MODEL_CONFIG_ATTR
 
     path = tmp_path / "table.json"
     path.write_text(json.dumps(_table_dict()))
@@ -171,7 +171,7 @@ CORRUPT_CACHES = [("truncated", "not valid JSON"), ("binary", "not UTF-8 text"),
 @pytest.mark.parametrize("kind,needle", CORRUPT_CACHES, ids=[c[0] for c in CORRUPT_CACHES])
 def test_corrupt_cache_falls_back_without_reprofiling(cache_setup, monkeypatch, caplog, tmp_path, kind, needle):
     from sglang_ext.config import DCutConfig
-    from sglang_ext.engine import profiler
+    from sglang_ext.engine.dcut import profiler
 
     def must_not_profile(*args, **kwargs):
         raise AssertionError("a corrupt cache must not trigger profiling")
@@ -189,7 +189,7 @@ def test_corrupt_cache_falls_back_without_reprofiling(cache_setup, monkeypatch, 
 
 def test_binary_cache_error_names_the_file(cache_setup, caplog, tmp_path):
     from sglang_ext.config import DCutConfig
-    from sglang_ext.engine import profiler
+    from sglang_ext.engine.dcut import profiler
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -211,7 +211,7 @@ PROFILER_FAULTS = [
 @pytest.mark.parametrize("error,needle", PROFILER_FAULTS, ids=[type(e).__name__ for e, _ in PROFILER_FAULTS])
 def test_profiler_raising_falls_back_and_writes_no_cache(cache_setup, monkeypatch, caplog, tmp_path, error, needle):
     from sglang_ext.config import DCutConfig
-    from sglang_ext.engine import profiler
+    from sglang_ext.engine.dcut import profiler
 
     def failing_profile(*args, **kwargs):
         raise error
@@ -226,7 +226,7 @@ def test_profiler_raising_falls_back_and_writes_no_cache(cache_setup, monkeypatc
 def test_unwritable_cache_keeps_the_profiled_table(cache_setup, monkeypatch, caplog, tmp_path):
     from sglang_ext.config import DCutConfig
     from sglang_ext.dcut import CostTable
-    from sglang_ext.engine import profiler
+    from sglang_ext.engine.dcut import profiler
 
     monkeypatch.setattr(profiler, "profile_cost_table",
                         lambda runner, worker, key, bss: CostTable.from_dict(_table_dict()))
@@ -315,7 +315,7 @@ def _nan_draft(src: str, dst: str) -> str:
 def faulty_run(tiny_models, tmp_path_factory):
     from engine_utils import engine_generate, make_engine
 
-    from sglang_ext.engine.dcut_client import dcut_info, dcut_states, server_info
+    from sglang_ext.engine.dcut.client import dcut_info, dcut_states, server_info
     from sglang_ext.testbed.tiny import corpus_prompts
 
     with open(os.path.join(tiny_models.target, "config.json")) as f:

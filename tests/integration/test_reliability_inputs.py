@@ -95,7 +95,7 @@ def test_bad_engine_keyword_is_refused_before_launch(kwargs, flag):
 def test_custom_params_table_is_rejected_by_the_validator():
     """The same table the server test sends over HTTP, through the validation hook itself."""
     from sglang_ext.config import SpecExitConfig
-    from sglang_ext.engine.specexit_hooks import validate_custom_params
+    from sglang_ext.engine.specexit.hooks import validate_custom_params
 
     cfg = SpecExitConfig(enabled=True, method="confidence", signal_source="draft-confidence")
     for params, field in BAD_CUSTOM_PARAMS:

@@ -111,7 +111,7 @@ def random_signal_rows(features, seed=11):
 @pytest.fixture(scope="module")
 def setup(tiny_models, prompts, tmp_path_factory):
     """SpecExit draft (random feature directions as signal rows) and the boundary strings."""
-    from sglang_ext.engine.specexit_checkpoint import add_signal_rows
+    from sglang_ext.engine.specexit.checkpoint import add_signal_rows
 
     boundary, ids, feats = choose_boundaries(tiny_models.target, [prompts, [p + [THINK_OPEN] for p in prompts]])
     rows = random_signal_rows(feats)

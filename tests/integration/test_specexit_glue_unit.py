@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from sglang_ext.config import SpecExitConfig
-from sglang_ext.engine.specexit_cut import NO_NODE, apply_exit_cut, cut_lengths, stop_token_logprobs
-from sglang_ext.engine.specexit_report import (
+from sglang_ext.engine.specexit.cut import NO_NODE, apply_exit_cut, cut_lengths, stop_token_logprobs
+from sglang_ext.engine.specexit.report import (
     META_KEYS,
     REPORT_ATTR,
     ROW_FIELDS,
@@ -211,7 +211,7 @@ def test_exit_log_is_rate_limited():
 
 # ----------------------------------------------------------------------------- glue helpers
 def test_thinking_detection():
-    from sglang_ext.engine.specexit_glue import ends_inside_think, is_thinking, think_start_text
+    from sglang_ext.engine.specexit.runner import ends_inside_think, is_thinking, think_start_text
 
     assert think_start_text("</think>") == "<think>"
     assert ends_inside_think([1, 3, 10, 11], 3, 4)
@@ -232,7 +232,7 @@ def _fake_worker(model):
 
 
 def test_head_source_launch_checks():
-    from sglang_ext.engine.specexit_glue import SpecExitLaunchError, SpecExitRunner
+    from sglang_ext.engine.specexit.runner import SpecExitLaunchError, SpecExitRunner
 
     runner = SpecExitRunner.__new__(SpecExitRunner)
     runner.method = __import__("sglang_ext.specexit.signals", fromlist=["parse_method"]).parse_method(
@@ -249,7 +249,7 @@ def test_head_source_launch_checks():
 
 # ----------------------------------------------------------------------------- hooks
 def test_custom_params_validation_names_the_field():
-    from sglang_ext.engine.specexit_hooks import validate_custom_params
+    from sglang_ext.engine.specexit.hooks import validate_custom_params
 
     cfg = SpecExitConfig(enabled=True, method="confidence_progress")
     validate_custom_params(cfg, {"specexit_confidence_threshold": 0.9, "other_feature": [1]})
@@ -267,7 +267,7 @@ def test_custom_params_validation_names_the_field():
 
 
 def test_streamer_subclass_adds_one_value_per_request_and_meta_info_is_scalar():
-    from sglang_ext.engine.specexit_hooks import _around_update_request_meta_info, streamer_class_with_specexit
+    from sglang_ext.engine.specexit.hooks import _around_update_request_meta_info, streamer_class_with_specexit
 
     class Base:
         __slots__ = ()
@@ -306,7 +306,7 @@ def test_streamer_subclass_adds_one_value_per_request_and_meta_info_is_scalar():
 
 
 def test_frontend_endpoint_adds_custom_params_to_generation_requests():
-    from sglang_ext.engine.specexit_frontend import SpecExitRuntimeEndpoint, specexit_custom_params
+    from sglang_ext.engine.specexit.frontend import SpecExitRuntimeEndpoint, specexit_custom_params
 
     ep = SpecExitRuntimeEndpoint.__new__(SpecExitRuntimeEndpoint)  # no server needed for the body rewrite
     ep.specexit_params = specexit_custom_params({"confidence_threshold": 0.9, "specexit_max_think_tokens": 64})

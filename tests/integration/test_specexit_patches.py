@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from sglang_ext.engine import specexit_hooks as H
+from sglang_ext.engine.specexit import hooks as H
 
 
 from drift_guard import param_names as _params  # noqa: E402
@@ -90,10 +90,10 @@ def test_model_architecture_target():
     assert _params(fn) == ["model_config"]
     src = inspect.getsource(fn)
     assert "ModelRegistry.is_arch_supported" in src and "model_config.hf_config" in src
-    from sglang_ext.engine import draft_models
+    from sglang_ext.engine.specexit import draft_models
 
     assert H.SPECEXIT_DRAFT_ARCHITECTURE == draft_models.ARCHITECTURE
-    from sglang_ext.engine.specexit_checkpoint import SPECEXIT_ARCHITECTURE
+    from sglang_ext.engine.specexit.checkpoint import SPECEXIT_ARCHITECTURE
 
     assert SPECEXIT_ARCHITECTURE == draft_models.ARCHITECTURE
 

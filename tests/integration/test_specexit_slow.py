@@ -89,7 +89,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
-    from sglang_ext.engine.specexit_checkpoint import add_signal_rows
+    from sglang_ext.engine.specexit.checkpoint import add_signal_rows
 
     draft = add_signal_rows(tiny_models.draft, str(tmp_path_factory.mktemp("http_draft")), torch.zeros(3, 3 * 64))
     port = _free_port()
@@ -178,7 +178,7 @@ def test_specexit_with_dcut(tiny_models, prompts, tmp_path_factory):
     forced exits at a fixed think length are identical to the runs without D-Cut, and signal exits keep the
     prefix property (their position may move: per-step signal means depend on how many drafts each step
     accepted)."""
-    from sglang_ext.engine.specexit_checkpoint import add_signal_rows
+    from sglang_ext.engine.specexit.checkpoint import add_signal_rows
     from test_specexit_engine import SERVER_FLAGS, random_signal_rows
 
     boundary, ids, feats = choose_boundaries(tiny_models.target, [prompts])

@@ -35,7 +35,7 @@ def sg():
     from sglang.srt.speculative.eagle_utils import TreeMaskMode, per_step_draft_out_cache_loc
     from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
 
-    from sglang_ext.engine.cpu import torch_backend
+    from sglang_ext.engine.attention import torch_sdpa as torch_backend
 
     return SimpleNamespace(**locals())
 

@@ -1,4 +1,4 @@
-"""Pure shape / padding logic of the D-Cut tier verify graphs (``sglang_ext.engine.dcut_graphs``), on CPU.
+"""Pure shape / padding logic of the D-Cut tier verify graphs (``sglang_ext.engine.dcut.graphs``), on CPU.
 
 Which ``(bs, T)`` graphs are captured, which one a compacted step replays (or none: eager), how a
 ragged step of ``W`` rows is padded to a graph (zero-row padding requests, rows past the last
@@ -21,8 +21,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from sglang_ext.engine import dcut_graphs as dg
-from sglang_ext.engine import flashinfer_verify as fv
+from sglang_ext.engine.dcut import graphs as dg
+from sglang_ext.engine.attention import flashinfer_dcut as fv
 
 
 def _ceil_width(bs: int, n: int, ratio: float) -> int:
@@ -36,7 +36,7 @@ def test_doctests_pass():
 
 
 def test_import_does_not_load_sglang():
-    code = ("import sys; import sglang_ext.engine.dcut_graphs as m; "
+    code = ("import sys; import sglang_ext.engine.dcut.graphs as m; "
             "m.tier_graph_keys([1, 2], 4); m.TierGraphTable(()).lookup(1, 1, True); "
             "print(any(k == 'sglang' or k.startswith('sglang.') for k in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_ext.engine.draft_extend_rows import (
+from sglang_ext.engine.dcut.draft_extend import (
     DRAFT_EXTEND_ACCEPTED,
     DRAFT_EXTEND_WINDOW,
     AcceptedRowsDraftExtend,

@@ -1,4 +1,4 @@
-"""Planning of the FlashInfer pruned-verify path (``sglang_ext.engine.flashinfer_verify``), on CPU.
+"""Planning of the FlashInfer pruned-verify path (``sglang_ext.engine.attention.flashinfer_dcut``), on CPU.
 
 The plan FlashInfer would receive (ragged ``qo_indptr``, kept keys, packed mask) is checked
 against independent references: per-request Python loops, ``numpy.packbits``, and the project's
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-import sglang_ext.engine.flashinfer_verify as fv
+import sglang_ext.engine.attention.flashinfer_dcut as fv
 from sglang_ext.dcut import (
     TreeTopology,
     build_full_mask,
@@ -35,7 +35,7 @@ from sglang_ext.dcut import (
     retrive_from_parents,
     tree_survival,
 )
-from sglang_ext.engine.cpu.torch_backend_plan import plan_target_verify, run_plan
+from sglang_ext.engine.attention.torch_sdpa_plan import plan_target_verify, run_plan
 
 
 def test_doctests_pass():

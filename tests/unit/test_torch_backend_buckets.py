@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sglang_ext.dcut.tree import NO_PARENT, ancestor_mask
-from sglang_ext.engine.cpu.torch_backend_plan import (
+from sglang_ext.engine.attention.torch_sdpa_plan import (
     AttentionPlan,
     BucketedPlan,
     MaskKind,

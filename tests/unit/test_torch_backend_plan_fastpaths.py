@@ -22,8 +22,8 @@ import math
 import pytest
 import torch
 
-from sglang_ext.engine.cpu import torch_backend_plan as tbp
-from sglang_ext.engine.cpu.torch_backend_plan import (
+from sglang_ext.engine.attention import torch_sdpa_plan as tbp
+from sglang_ext.engine.attention.torch_sdpa_plan import (
     NO_DRAFT_ROUND,
     NO_PADDED_SOURCE,
     DraftRoundKV,

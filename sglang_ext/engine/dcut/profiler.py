@@ -114,9 +114,7 @@ def cost_table_key(worker: Any, context_len: int) -> CostTableKey:
     try:
         ext_version = importlib.metadata.version("sglang_ext")
     except importlib.metadata.PackageNotFoundError:
-        import sglang_ext
-
-        ext_version = getattr(sglang_ext, "__version__", "unknown")
+        from sglang_ext.version import __version__ as ext_version
     return CostTableKey(
         model=str(sa.model_path),
         draft=str(sa.speculative_draft_model_path),

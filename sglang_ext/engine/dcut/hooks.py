@@ -14,7 +14,7 @@ server to the fixed ratio ``r`` in (0, 1] (1.0 = full verification) and ``0`` ba
 configured ``--dcut`` mode (used by tests and benches to compare modes on one server);
 ``dcut_compact`` 0 switches to the link-cut-only oracle (full-width forward, "Route C"), 1 back
 to the compacted verify; ``dcut_draft_extend`` ``"window"`` / ``"accepted"`` switches the rows of
-the eager draft extend (``--dcut-draft-extend``, :mod:`sglang_ext.engine.draft_extend_rows`).
+the eager draft extend (``--dcut-draft-extend``, :mod:`sglang_ext.engine.dcut.draft_extend`).
 
 ``get_init_info`` is the scheduler's start-up handshake; its dict is merged into ``/server_info``
 (and ``Engine.get_server_info()``) at top level, so the cost table appears there as
@@ -145,7 +145,7 @@ def after_update_handlers(result, controller, *args, **kwargs):
     result[COMPACT_KEY] = handler_cls(validate_compact, apply_compact)
     rows = draft_extend_rows_of(getattr(controller, "scheduler", None))
     if rows is not None:
-        from sglang_ext.engine.draft_extend_rows import DRAFT_EXTEND_CHOICES
+        from sglang_ext.engine.dcut.draft_extend import DRAFT_EXTEND_CHOICES
 
         def validate_draft_extend(key, value):
             if value not in DRAFT_EXTEND_CHOICES:

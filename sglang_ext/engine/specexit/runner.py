@@ -7,7 +7,7 @@
   and resets its request-pool slot of the batched :class:`SpecExitState`;
 * ``after_verify(worker, batch, verify_input, result)`` after every verify (D-Cut, when on,
   has already run): the exit decision of every thinking request, the cut
-  (:func:`sglang_ext.engine.specexit_cut.apply_exit_cut`, VERIFY_EDIT_MAP.md section 4),
+  (:func:`sglang_ext.engine.specexit.cut.apply_exit_cut`, VERIFY_EDIT_MAP.md section 4),
   this step's signals pushed into the smoothers, and a step record handed to the scheduler
   for per-request ``meta_info`` and ``/server_info`` (``specexit_report.py``).
 
@@ -45,8 +45,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from sglang_ext.config import ConfigError, SpecExitConfig, resolve_token_ids
-from sglang_ext.engine.specexit_cut import apply_exit_cut, stop_token_logprobs
-from sglang_ext.engine.specexit_report import (
+from sglang_ext.engine.specexit.cut import apply_exit_cut, stop_token_logprobs
+from sglang_ext.engine.specexit.report import (
     REPORT_ATTR,
     ROW_FIELDS,
     ExitLog,

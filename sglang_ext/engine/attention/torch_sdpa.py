@@ -78,7 +78,7 @@ sliding windows, attention sinks, LSE outputs, CUDA graphs (run eager:
 for the multi-step draft (SGLang's CPU default).
 
 Speed and memory. Each layer gathers its padded keys/values from the pool in one pass into
-buffers the backend keeps (:class:`~sglang_ext.engine.cpu.torch_backend_plan.KVWorkspace`; pads
+buffers the backend keeps (:class:`~sglang_ext.engine.attention.torch_sdpa_plan.KVWorkspace`; pads
 read the group's own first cached key, masked): the buffers grow to the largest
 ``groups x max_kv`` rows seen and are held for the backend's lifetime (two tensors of
 ``rows x H_kv x head_dim`` in the forward's dtype). A multi-step draft round gathers its committed
@@ -100,7 +100,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_ext.engine.cpu.torch_backend_plan import (
+from sglang_ext.engine.attention.torch_sdpa_plan import (
     NO_DRAFT_ROUND,
     AttentionPlan,
     DraftRoundKV,
@@ -165,7 +165,7 @@ class TorchSDPABackend(AttentionBackend):
 
     One instance per model runner (target, draft-extend) and one per draft step (children of
     :class:`TorchSDPAMultiStepDraftBackend`). ``forward_metadata`` holds the current
-    :class:`~sglang_ext.engine.cpu.torch_backend_plan.AttentionPlan`.
+    :class:`~sglang_ext.engine.attention.torch_sdpa_plan.AttentionPlan`.
     """
 
     #: read by the D-Cut glue (``dcut_glue.RAGGED_VERIFY_FLAG``): ragged TARGET_VERIFY is served
@@ -345,12 +345,12 @@ class DraftRound:
 
     Built by :meth:`TorchSDPAMultiStepDraftBackend.init_forward_metadata`. Each step's keys are
     the committed prefix plus the branch's rows of the earlier steps; with a
-    :class:`~sglang_ext.engine.cpu.torch_backend_plan.DraftRoundPlan` the prefix is gathered
+    :class:`~sglang_ext.engine.attention.torch_sdpa_plan.DraftRoundPlan` the prefix is gathered
     once per layer and round, and every step appends its own rows
-    (:func:`~sglang_ext.engine.cpu.torch_backend_plan.run_draft_round_step`). Where that shortcut
+    (:func:`~sglang_ext.engine.attention.torch_sdpa_plan.run_draft_round_step`). Where that shortcut
     is not exact (a quantized or differently typed pool, a layer that does not write its rows,
     a request with no committed token) the step runs its own
-    :func:`~sglang_ext.engine.cpu.torch_backend_plan.plan_draft_decode` plan instead.
+    :func:`~sglang_ext.engine.attention.torch_sdpa_plan.plan_draft_decode` plan instead.
     """
 
     def __init__(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: List[int],
@@ -391,7 +391,7 @@ class TorchSDPAMultiStepDraftBackend:
     every child from the committed lengths ``s`` of that moment (the draft loop advances
     ``positions`` in place but never ``seq_lens``). Query rows are ``B * topk`` in
     ``(request, branch)`` row-major order; see
-    :func:`~sglang_ext.engine.cpu.torch_backend_plan.plan_draft_decode` for the kv layout.
+    :func:`~sglang_ext.engine.attention.torch_sdpa_plan.plan_draft_decode` for the kv layout.
     """
 
     needs_cpu_seq_lens = True

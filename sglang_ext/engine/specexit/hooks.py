@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Dict, List
 
-from sglang_ext.engine.specexit_report import META_KEYS, REPORT_ATTR
+from sglang_ext.engine.specexit.report import META_KEYS, REPORT_ATTR
 
 HOOK_TOKENIZED_OBJECT = "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object"
 HOOK_OUTPUT_STREAMER = "sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class"
@@ -36,7 +36,7 @@ SERVER_INFO_KEY = "specexit"
 
 
 def _specexit_config(server_args: Any):
-    from sglang_ext.engine.plugin import get_extension_config
+    from sglang_ext.config import get_extension_config
 
     return get_extension_config(server_args).specexit
 
@@ -44,7 +44,7 @@ def _specexit_config(server_args: Any):
 # ----------------------------------------------------------------------------- custom_params
 @functools.lru_cache(maxsize=8)
 def _server_defaults(cfg):
-    from sglang_ext.engine.specexit_glue import server_options
+    from sglang_ext.engine.specexit.runner import server_options
 
     return server_options(cfg)
 
@@ -179,7 +179,7 @@ def kv_pool_usage(scheduler) -> Dict[str, Any]:
 def _before_get_model_architecture(model_config, *args, **kwargs):
     hf_config = getattr(model_config, "hf_config", None)
     if SPECEXIT_DRAFT_ARCHITECTURE in (getattr(hf_config, "architectures", None) or []):
-        from sglang_ext.engine.draft_models import register_draft_models
+        from sglang_ext.engine.specexit.draft_models import register_draft_models
 
         register_draft_models()
     return None

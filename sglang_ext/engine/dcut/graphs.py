@@ -64,7 +64,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from sglang_ext.dcut.tiers import DEFAULT_TIERS
-from sglang_ext.engine.flashinfer_verify import capture_counts, verify_graph_shapes
+from sglang_ext.engine.attention.flashinfer_dcut import capture_counts, verify_graph_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -340,14 +340,14 @@ def _is_compact_verify(forward_batch: Any) -> bool:
 
 
 def _dcut_attention_backend(backend: Any) -> bool:
-    from sglang_ext.engine import flashinfer_verify as fv
+    from sglang_ext.engine.attention import flashinfer_dcut as fv
 
     cls = fv._backend_cls  # built when the flashinfer_dcut backend was created
     return cls is not None and isinstance(backend, cls)
 
 
 def _dcut_tiers(model_runner: Any) -> Tuple[float, ...]:
-    from sglang_ext.engine.plugin import get_extension_config
+    from sglang_ext.config import get_extension_config
 
     return tuple(float(t) for t in get_extension_config(model_runner.server_args).dcut.tiers)
 
@@ -370,7 +370,7 @@ def dcut_verify_graph_runner_class() -> type:
     from sglang.srt.model_executor.runner.shape_key import ShapeKey
     from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
 
-    from sglang_ext.engine.dcut_glue import make_ragged_layout
+    from sglang_ext.engine.dcut.runner import make_ragged_layout
 
     class DCutVerifyGraphRunner(DecodeCudaGraphRunner):
         """SGLang's decode/verify graph runner plus one TARGET_VERIFY graph per (bs, tier)."""
@@ -541,7 +541,7 @@ def select_graph_runner_class(base_cls: Any, model_runner: Any) -> Any:
     spec = getattr(model_runner, "spec_algorithm", None)
     if spec is None or not spec.is_speculative():
         return base_cls
-    from sglang_ext.engine.plugin import get_extension_config
+    from sglang_ext.config import get_extension_config
 
     server_args = getattr(model_runner, "server_args", None)
     if server_args is None or not get_extension_config(server_args).dcut.enabled:

@@ -662,7 +662,7 @@ class DCutRunner:
     def init_after_graphs(self, worker: Any) -> None:
         """Obtain the cost table (cache, ``--dcut-cost-table`` or profiling) and publish it on the
         target ``model_config``; any failure -> warning + fixed fallback ratio, never a crash."""
-        from sglang_ext.engine.profiler import obtain_cost_table, publish_cost_table
+        from sglang_ext.engine.dcut.profiler import obtain_cost_table, publish_cost_table
 
         try:
             self.cost_table, self.table_info = obtain_cost_table(self, worker)
@@ -675,7 +675,7 @@ class DCutRunner:
         """Static description for ``/server_info`` (``get_init_info``). With ``worker``, the table
         shown is the one stored on the target ``model_config`` (what the planner's server sees),
         and ``hf_config_matches`` says whether ``hf_config`` holds the same table."""
-        from sglang_ext.engine.profiler import MODEL_CONFIG_ATTR
+        from sglang_ext.engine.dcut.profiler import MODEL_CONFIG_ATTR
 
         table = None if self.cost_table is None else self.cost_table.to_dict()
         hf_matches = None

@@ -3,7 +3,7 @@
 A *plan* is everything one forward of one attention backend needs besides the per-layer
 tensors: which query rows form which group, which KV-cache slots each group reads, and which
 key columns each query row may attend to. The SGLang glue in
-:mod:`sglang_ext.engine.cpu.torch_backend` builds one plan per forward (in
+:mod:`sglang_ext.engine.attention.torch_sdpa` builds one plan per forward (in
 ``init_forward_metadata``) and runs it once per layer with :func:`run_plan`.
 
 Glossary

@@ -25,7 +25,7 @@ import torch
 
 from sglang_ext.specexit.signals import parse_method
 
-#: ``architectures`` entry of a SpecExit draft (``sglang_ext.engine.draft_models.ARCHITECTURE``).
+#: ``architectures`` entry of a SpecExit draft (``sglang_ext.engine.specexit.draft_models.ARCHITECTURE``).
 SPECEXIT_ARCHITECTURE = "LlamaForCausalLMEagle3SpecExit"
 WEIGHTS_FILE = "model.safetensors"
 

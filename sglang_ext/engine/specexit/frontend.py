@@ -6,7 +6,7 @@ server's SpecExit settings. :class:`SpecExitRuntimeEndpoint` is a drop-in for SG
 (without patching the frontend)::
 
     import sglang as sgl
-    from sglang_ext.engine.specexit_frontend import SpecExitRuntimeEndpoint
+    from sglang_ext.engine.specexit.frontend import SpecExitRuntimeEndpoint
 
     sgl.set_default_backend(SpecExitRuntimeEndpoint("http://127.0.0.1:30000",
                                                     specexit={"confidence_threshold": 0.9,

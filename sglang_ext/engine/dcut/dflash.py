@@ -1,0 +1,548 @@
+"""D-Cut for DFlash blocks: the project's ``DFlashWorkerV2`` subclass (SGLang glue).
+
+The plugin selects ``sglang_ext.engine.dflash_worker.ExtDFlashWorker`` (which drives
+:class:`DFlashDCutRunner`) for ``--speculative-algorithm DFLASH --dcut ...``.
+A DFlash step drafts one block per request (the anchor/bonus token plus ``K = N - 1`` drafts from
+one non-causal draft forward) and the target verifies the block as a chain, so D-Cut on DFlash is
+a per-request prefix cut (ALGORITHMS.md B.3-B.5, B.11)::
+
+    draft forward (full block, unchanged)
+      -> confidence of each proposed token c[b, j] = softmax(lm_head(h[b, j]))[draft[b, j]]
+         (the draft proposes the argmax, so c is the max-softmax; computed from the same logits
+          inside the draft graph: ConfidenceDraftSampler, or after the eager greedy head)
+      -> survival s[b, j] = prod_{t <= j} c[b, t]                sglang_ext.dcut.chain_survival
+      -> exemptions (grammar, logprobs, penalties: full block; sampled batches: full step)
+      -> tier + global top-K -> keep_lens[b] (kept drafts)       sglang_ext.dcut.choose
+      -> agree on (keep, tier) across TP ranks                    dcut_glue.agree_across_ranks
+      -> target verify forward over the kept prefixes only, ragged rows padded to the tier width
+         (dcut_glue's compacted-forward interceptor; logits and hidden states scattered back to
+          the strided [bs * N] layout, pruned rows 0)
+      -> SGLang's own accept (greedy), with every draft past a request's kept prefix replaced by
+         NO_TOKEN in a copy of the candidates, so acceptance stops at keep_lens[b]; the bonus is
+         the target's argmax at the last accepted row, which is always a kept row
+      -> commit and draft-KV materialization: unchanged (they read only rows < commit_lens)
+
+Worked example (bs = 2, N = 4, fixed tier 0.5 -> width ceil(2 * 4 * 0.5) = 4 rows)::
+
+    confidences        [[0.9, 0.9, 0.1], [0.8, 0.2, 0.5]]
+    survival           [[0.9, 0.81, 0.081], [0.8, 0.16, 0.08]]  -> keep 2 slots: keep_lens [2, 0]
+    strided rows       [a0 d1 d2 d3 | a1 d1 d2 d3]
+    verified rows      [a0 d1 d2 | a1]            (kept_index [0, 1, 2, 4])
+    candidates seen by accept   [[a0, d1, d2, NO_TOKEN], [a1, NO_TOKEN, NO_TOKEN, NO_TOKEN]]
+    accept_len <= [2, 0]; bonus = target argmax at row accept_len (a kept row)
+
+Greedy output is therefore identical to the unpruned worker's (a pruned draft can only be
+accepted after every kept draft before it was; cutting it only ends the run earlier, and the bonus
+is the same target argmax). KV: kept rows write their own window slots, pruned slots are never
+written and lie past every committed length (over-allocation that the request's release frees);
+nothing is allocated or freed here.
+
+GPU: a compacted step carries a ``RaggedVerifyLayout`` and no mask; SGLang's own eager
+FlashInfer path already plans it (``DFlashVerifyInput.generate_attn_arg_prefill`` reads the layout:
+ragged ``qo_indptr``, keys = prefix + kept prefix of the window), as do FA3/trtllm_mha. The compacted
+forward sets ``spec_info.num_tokens_per_req = N + 1`` so the bs-keyed width-N target graphs refuse it
+(SGLang's ``can_run_graph`` lets widths <= 0 through); per-tier graphs need the ``flashinfer_dcut``
+backend (``sglang_ext.engine.attention.flashinfer_dcut``) plus the tier-graph runner that captures them
+(``sglang_ext.engine.dcut.graphs``; written and CPU-tested, never run on a GPU).
+
+Launch-time cost profiling, the cost table on the model config and ``/server_info``, metrics and
+TP agreement are the EAGLE3 D-Cut glue's (:class:`DFlashDCutRunner` subclasses
+``dcut_glue.DCutRunner``; ``profiler.obtain_cost_table`` times full steps of this worker through
+``DCutRunner.forced_ratio``).
+
+Not pruned (full verification, counted in the metrics): requests with a grammar, logprobs,
+penalties/logit bias/min_new_tokens (per request, as for EAGLE3); batches with any sampled
+(non-greedy) request (whole step, exemption ``"sampling"``: DFlash's sampled verification needs
+every draft row); DFlash selector / LiLiCorr / Domino drafters, simulated acceptance
+(``SGLANG_SIMULATE_ACC_LEN``), pipeline parallelism, adaptive spec, hybrid (mamba) targets and DP
+attention (D-Cut disabled for the server with a warning).
+
+Can ``DFlashWorkerV2`` run on the CPU testbed? No, not through the stand-ins and the torch
+backend alone (checked against the installed SGLang 0.5.23 source, and on this machine):
+
+1. **Device gate at launch.** ``arg_groups/speculative_hook.py::_handle_dflash`` raises
+   ``ValueError("DFLASH speculative decoding is not supported by ... on device 'cpu'")`` unless
+   ``--device`` is ``cuda*``, ``npu`` or ``xpu`` (or an out-of-tree platform that declares DFLASH).
+2. **Draft attention backend allowlist.** ``_resolve_dflash_draft_attention_backend`` accepts only
+   ``DRAFT_ATTENTION_BACKEND_CHOICES`` (flashinfer, fa3, fa4, triton, ascend, trtllm_mha,
+   intel_xpu) and otherwise falls back to flashinfer; ``draft_worker_common.build_draft_tp_worker``
+   re-checks. ``torch_sdpa`` is not accepted; only ``triton`` (interpreted) could run on CPU.
+3. **Non-causal draft attention.** The DFlash draft layers use ``AttentionType.ENCODER_ONLY``
+   (``models/dflash.py::_get_dflash_layer_attention_params``; non-causal inside the block, the
+   target context as cached keys) in ``ForwardMode.TARGET_VERIFY``; the project's ``torch_sdpa``
+   backend refuses every non-DECODER attention type (``TorchSDPABackend._check_supported``).
+4. **CUDA-stream call on every decode step.** ``DFlashWorkerV2.forward_batch_generation`` calls
+   ``batch.seq_lens.record_stream(torch.get_device_module(device).current_stream())``
+   unconditionally; with CPU torch 2.13 ``Tensor.record_stream`` raises ``RuntimeError: unknown
+   parameter type`` (run here). The call sits inside the ~700-line decode method, so avoiding it
+   means replacing that method, i.e. copying SGLang's source, which the project rules forbid.
+
+Not blockers: the Triton block-prepare / accept-bonus / compact-rebuild / fused-KV paths are gated
+on ``is_cuda() or is_hip() or is_xpu()`` with torch fallbacks, and
+``compute_dflash_correct_drafts_and_bonus`` has a torch path off CUDA. A DFlash draft checkpoint
+for the tiny target would also be needed (none exists in the testbed). Items 1-3 could be
+hooked/extended; item 4 is decisive. Upstream, DFLASH on CPU is SGLang PR #36782 (open).
+
+Hence the worker is covered on CPU by integration tests on CPU tensors of SGLang's own DFlash
+pieces (``DFlashVerifyInput``, ``_DflashDraftSampler``, ``DFlashWorkerV2._accept_block``,
+``compute_dflash_correct_drafts_and_bonus``, ``RaggedVerifyLayout``) and the torch backend's
+planner (``tests/integration/test_dflash_worker.py``). GPU path not yet run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Tuple
+
+import torch
+
+import sglang.srt.speculative.dflash_worker_v2 as _dflash_v2
+from sglang.srt.speculative.dflash_worker_v2 import _DflashDraftSampler
+
+from sglang_ext.dcut import NO_TIER, chain_keep_mask, chain_retrive, chain_survival, compact_tree
+from sglang_ext.dcut.tiers import tier_keep_counts
+from sglang_ext.engine.dcut.runner import (
+    FULL_TIER,
+    CompactVerify,
+    DCutRunner,
+    StepDecision,
+    TargetForwardInterceptor,
+    agree_across_ranks,
+    agreement_tp_group,
+    make_ragged_layout,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "NO_TOKEN",
+    "SAMPLING_EXEMPTION",
+    "DFlashDCutRunner",
+    "DFlashPrune",
+    "ConfidenceDraftSampler",
+    "shard_stats",
+    "combine_shard_stats",
+    "head_confidences",
+    "poison_candidates",
+    "restore_out_tokens",
+    "graph_ineligible_width",
+]
+
+NO_TOKEN = -1
+"""Candidate id past a request's kept prefix: never equals a target argmax (ids are >= 0)."""
+SAMPLING_EXEMPTION = "sampling"
+"""Metrics key: requests of sampled (non-greedy) batches, verified in full."""
+
+
+# ----------------------------------------------------------------------------- confidences
+def shard_stats(
+    hidden: torch.Tensor,  # [num_tokens, hidden_size]
+    weight: torch.Tensor,  # [local_vocab, hidden_size] (this rank's rows of the LM head)
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # 3 x [num_tokens]
+    """Per-row (max logit, its local index, log-sum-exp) over one vocabulary shard.
+
+    The max and index come from the logits in the weight's dtype (as SGLang's greedy head picks
+    them); the log-sum-exp is taken in float32.
+
+    Examples
+    --------
+    >>> mx, arg, lse = shard_stats(torch.eye(2), torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 0.0]]))
+    >>> mx.tolist(), arg.tolist(), [round(x, 4) for x in lse.tolist()]
+    ([2.0, 1.0], [1, 0], [2.2395, 1.5514])
+    """
+    if hidden.dtype != weight.dtype:
+        hidden = hidden.to(weight.dtype)
+    logits = torch.matmul(hidden, weight.T)  # [num_tokens, local_vocab]
+    mx, arg = torch.max(logits, dim=-1)
+    return mx, arg, torch.logsumexp(logits.float(), dim=-1)
+
+
+def combine_shard_stats(
+    gathered_max: torch.Tensor,  # [tp_size, num_tokens] per-rank max logits
+    gathered_lse: torch.Tensor,  # [tp_size, num_tokens] per-rank log-sum-exp
+) -> torch.Tensor:  # [num_tokens] float32
+    """Max-softmax over the full vocabulary from per-shard statistics.
+
+    ``c = exp(max_r max_r - logsumexp_r lse_r)``: the probability of the argmax token, which is
+    the token the greedy DFlash head proposes.
+
+    Examples
+    --------
+    Two shards of a 4-token vocabulary with logits ``[0, log 3 | 0, 0]``: p(argmax) = 3 / 6.
+
+    >>> import math
+    >>> mx = torch.tensor([[math.log(3.0)], [0.0]])
+    >>> lse = torch.tensor([[math.log(4.0)], [math.log(2.0)]])
+    >>> round(combine_shard_stats(mx, lse).item(), 6)
+    0.5
+    """
+    top = gathered_max.float().amax(dim=0)
+    return torch.exp(top - torch.logsumexp(gathered_lse.float(), dim=0))
+
+
+def head_confidences(
+    hidden: torch.Tensor,  # [num_tokens, hidden_size] draft hidden states of the proposed rows
+    weight: torch.Tensor,  # [local_vocab, hidden_size]
+    num_org: int,
+    tp_group: Any = None,
+    chunk_size: int = 1024,
+) -> torch.Tensor:  # [num_tokens] float32
+    """Draft confidences of a greedy LM head (optionally vocabulary-parallel).
+
+    Uses rows ``weight[:num_org]`` (the real vocabulary of this shard, padding excluded) and, with
+    ``tp_group`` (``world_size > 1``, ``all_gather_into_tensor``), combines every rank's shard
+    statistics with :func:`combine_shard_stats`. Chunked over rows to bound the logits memory.
+
+    Examples
+    --------
+    >>> w = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    >>> c = head_confidences(torch.tensor([[2.0, 0.0]]), w, num_org=2)
+    >>> round(c.item(), 4)  # softmax([2, 0])[0]
+    0.8808
+    """
+    n = hidden.shape[0]
+    out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    w = weight[: int(num_org)]
+    tp = int(getattr(tp_group, "world_size", 1)) if tp_group is not None else 1
+    for start in range(0, n, int(chunk_size)):
+        end = min(n, start + int(chunk_size))
+        mx, _, lse = shard_stats(hidden[start:end], w)
+        if tp == 1:
+            out[start:end] = torch.exp(mx.float() - lse)
+            continue
+        m = end - start
+        gmax = torch.empty(tp * m, dtype=torch.float32, device=hidden.device)
+        glse = torch.empty(tp * m, dtype=torch.float32, device=hidden.device)
+        tp_group.all_gather_into_tensor(gmax, mx.float().contiguous())
+        tp_group.all_gather_into_tensor(glse, lse.contiguous())
+        out[start:end] = combine_shard_stats(gmax.view(tp, m), glse.view(tp, m))
+    return out
+
+
+def eager_head_confidences(hidden: torch.Tensor, lm_head: Any) -> Optional[torch.Tensor]:  # hidden: [num_tokens, hidden_size]
+    """Confidences for the eager greedy head, or None for heads it cannot read (quantized, added vocab)."""
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative.dflash_utils import is_dense_head_weight
+
+    weight = getattr(lm_head, "weight", None)
+    if not is_dense_head_weight(weight):
+        return None
+    shard = getattr(lm_head, "shard_indices", None)
+    if shard is None:
+        return head_confidences(hidden, weight, int(weight.shape[0]))
+    if int(shard.num_added_elements) != 0:
+        return None
+    group = get_parallel().tp_group
+    return head_confidences(hidden, weight, int(shard.num_org_elements),
+                            group if int(group.world_size) > 1 else None)
+
+
+class ConfidenceDraftSampler(_DflashDraftSampler):
+    """SGLang's in-graph greedy DFlash head that also writes each proposal's confidence.
+
+    Tokens are chosen exactly as ``_DflashDraftSampler`` chooses them (same logits, same
+    first-max tie rule, same cross-rank select); the confidence of row ``i`` goes to the
+    persistent buffer ``conf_out[i]`` (float32, ``[max_bs * (block_size - 1)]``), so it is
+    replayed with the draft CUDA graph. Rows ``[:bs * (block_size - 1)]`` are valid after a step.
+    """
+
+    def __init__(self, *, weight, block_size, num_org, org_vocab_start, max_bs, tp_group=None):
+        super().__init__(weight=weight, block_size=block_size, num_org=num_org,
+                         org_vocab_start=org_vocab_start, max_bs=max_bs, tp_group=tp_group)
+        max_tokens = self.out.shape[0]
+        device = weight.device
+        self.conf_out = torch.zeros(max_tokens, dtype=torch.float32, device=device)  # [max_tokens]
+        if self.tp_size > 1:
+            self.local_lse = torch.empty(max_tokens, dtype=torch.float32, device=device)
+            self.gathered_lse = torch.empty(self.tp_size * max_tokens, dtype=torch.float32, device=device)
+
+    @classmethod
+    def like(cls, sampler: _DflashDraftSampler) -> "ConfidenceDraftSampler":
+        """A confidence sampler with the same head, block size, shard and capacity as ``sampler``."""
+        max_bs = sampler.out.shape[0] // max(sampler.block_size - 1, 1)
+        return cls(weight=sampler.weight, block_size=sampler.block_size, num_org=sampler.num_org,
+                   org_vocab_start=sampler.org_vocab_start, max_bs=max_bs, tp_group=sampler.tp_group)
+
+    def __call__(self, hidden_states, input_ids=None):  # hidden_states: [bs * block_size, hidden_size]
+        bs = hidden_states.shape[0] // self.block_size
+        hs = hidden_states.view(bs, self.block_size, -1)[:, 1:, :].reshape(-1, hidden_states.shape[-1])
+        if hs.dtype != self.weight.dtype:
+            hs = hs.to(self.weight.dtype)
+        n = hs.shape[0]
+        logits = torch.matmul(hs, self.weight[: self.num_org].T)  # [n, local_vocab]
+        lse = torch.logsumexp(logits.float(), dim=-1)
+        if self.tp_size == 1:
+            tokens = torch.argmax(logits, dim=-1).to(torch.long)
+            top = logits.gather(1, tokens.unsqueeze(1)).squeeze(1).float()
+            self.conf_out[:n].copy_(torch.exp(top - lse))
+            if self.org_vocab_start:
+                tokens += self.org_vocab_start
+            self.out[:n].copy_(tokens)
+            return
+        local_max, local_arg = self.local_max[:n], self.local_arg[:n]
+        torch.max(logits, dim=-1, out=(local_max, local_arg))
+        if self.org_vocab_start:
+            local_arg.add_(self.org_vocab_start)
+        self.local_lse[:n].copy_(lse)
+        gathered_max = self.gathered_max[: self.tp_size * n]
+        gathered_ids = self.gathered_ids[: self.tp_size * n]
+        gathered_lse = self.gathered_lse[: self.tp_size * n]
+        self.tp_group.all_gather_into_tensor(gathered_max, local_max)
+        self.tp_group.all_gather_into_tensor(gathered_ids, local_arg)
+        self.tp_group.all_gather_into_tensor(gathered_lse, self.local_lse[:n])
+        best_rank = self.best_rank[:, :n]
+        torch.argmax(gathered_max.view(self.tp_size, n), dim=0, out=best_rank[0])
+        selected = self.selected_ids[:, :n]
+        torch.gather(gathered_ids.view(self.tp_size, n), 0, best_rank, out=selected)
+        self.out[:n].copy_(selected.view(-1))
+        self.conf_out[:n].copy_(combine_shard_stats(gathered_max.view(self.tp_size, n),
+                                                    gathered_lse.view(self.tp_size, n)))
+
+
+# ----------------------------------------------------------------------------- accept helpers
+def poison_candidates(
+    candidates: torch.Tensor,  # [batch_size, block_size], column 0 = anchor
+    keep_lens: torch.Tensor,  # [batch_size] kept drafts per request
+) -> torch.Tensor:  # [batch_size, block_size], a new tensor
+    """Copy of ``candidates`` with every draft past a request's kept prefix set to ``NO_TOKEN``.
+
+    Greedy DFlash acceptance compares ``candidates[:, j]`` with the target argmax of row
+    ``j - 1``; a ``NO_TOKEN`` never matches, so at most ``keep_lens[b]`` drafts are accepted.
+
+    Examples
+    --------
+    >>> poison_candidates(torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]]), torch.tensor([2, 0])).tolist()
+    [[5, 6, 7, -1], [1, -1, -1, -1]]
+    """
+    keep = chain_keep_mask(keep_lens.to(candidates.device), candidates.shape[1])
+    return torch.where(keep, candidates, torch.full_like(candidates, NO_TOKEN))
+
+
+def restore_out_tokens(
+    out_tokens: torch.Tensor,  # [batch_size, block_size], written in place
+    candidates: torch.Tensor,  # [batch_size, block_size] original (unpoisoned)
+    commit_lens: torch.Tensor,  # [batch_size] committed tokens (accepted drafts + bonus)
+) -> torch.Tensor:
+    """Put the original drafts back into ``out_tokens`` past each request's committed run.
+
+    SGLang's accept writes ``out_tokens[b, :-1] = candidates[b, 1:]`` and the bonus at
+    ``accept_len``; entries past ``commit_lens`` are never read, but restoring them keeps the
+    buffer identical to an unpruned step with the same acceptance (no ``NO_TOKEN`` escapes).
+
+    Examples
+    --------
+    >>> out = torch.tensor([[6, 9, -1, 0]])
+    >>> restore_out_tokens(out, torch.tensor([[5, 6, 7, 8]]), torch.tensor([2])).tolist()
+    [[6, 9, 8, 0]]
+    """
+    bs, width = out_tokens.shape
+    shifted = torch.zeros_like(out_tokens)
+    shifted[:, :-1] = candidates[:, 1:].to(out_tokens.dtype)
+    col = torch.arange(width, device=out_tokens.device).unsqueeze(0)
+    past = col >= commit_lens.to(out_tokens.device).to(torch.int64).unsqueeze(1)
+    out_tokens.copy_(torch.where(past, shifted, out_tokens))
+    return out_tokens
+
+
+def graph_ineligible_width(num_draft_tokens: int) -> int:
+    """``num_tokens_per_req`` for a compacted verify: positive and != N, so SGLang's bs-keyed
+    target graphs (captured at width N) refuse it (``can_run_graph`` passes widths <= 0).
+
+    Examples
+    --------
+    >>> graph_ineligible_width(16)
+    17
+    """
+    return int(num_draft_tokens) + 1
+
+
+# ----------------------------------------------------------------------------- the runner
+@dataclass
+class DFlashPrune:
+    """A pruned DFlash step: kept drafts per request and the compacted verify."""
+
+    keep_lens: torch.Tensor  # [batch_size] int64 kept drafts (anchor excluded)
+    compact: CompactVerify
+
+
+@dataclass
+class DFlashStepState:
+    """Per-step scratch of :class:`DFlashDCutRunner` (one decode step of the worker)."""
+
+    batch: Any
+    eager_ran: bool = False
+    eager_conf: Optional[torch.Tensor] = None  # [bs * (N - 1)]
+    verified: bool = False
+    decision: Optional[StepDecision] = None
+    prune: Optional[DFlashPrune] = None
+
+
+def dflash_unsupported_reason(worker: Any) -> Optional[str]:
+    """Why D-Cut cannot prune this DFlash server (None when it can)."""
+    if getattr(worker, "selector", None) is not None:
+        return "DFlash selector drafts"
+    if getattr(worker, "lilicorr", None) is not None:
+        return "DFlash LiLiCorr drafts"
+    if getattr(worker, "_is_domino", False):
+        return "DFlash Domino drafts"
+    if int(getattr(_dflash_v2, "SIMULATE_ACC_LEN", 0) or 0) > 0:
+        return "SGLANG_SIMULATE_ACC_LEN (simulated acceptance)"
+    if int(worker.speculative_num_draft_tokens) <= 1:
+        return "block size 1 (no drafts)"
+    return None
+
+
+class DFlashDCutRunner(DCutRunner):
+    """D-Cut for one ``ExtDFlashWorker``: the EAGLE3 runner's table, metrics and TP
+    agreement, with a DFlash planner (chains from block confidences) and verify hook."""
+
+    def __init__(self, worker: Any, cfg: Any):
+        super().__init__(worker, cfg)
+        self.metrics.exempt_requests.setdefault(SAMPLING_EXEMPTION, 0)
+        if self.unsupported is None:
+            self.unsupported = dflash_unsupported_reason(worker)
+            if self.unsupported is not None:
+                logger.warning("D-Cut disabled: not supported with %s (full verification is used)",
+                               self.unsupported)
+        self.state: Optional[DFlashStepState] = None
+
+    # ------------------------------------------------------------------ confidences
+    def step_confidences(self, worker: Any, bs: int) -> Optional[torch.Tensor]:  # -> [bs, N - 1]
+        """This step's draft confidences, or None when they were not captured."""
+        k = self.num_draft_tokens - 1
+        st = self.state
+        if st is not None and st.eager_ran:
+            return None if st.eager_conf is None else st.eager_conf[: bs * k].view(bs, k)
+        sampler = getattr(worker, "_draft_sampler", None)
+        if isinstance(sampler, ConfidenceDraftSampler):
+            return sampler.conf_out[: bs * k].view(bs, k)
+        return None
+
+    # ------------------------------------------------------------------ planning
+    def plan(self, worker: Any, batch: Any, verify_input: Any) -> Tuple[StepDecision, Optional[DFlashPrune]]:
+        """Decide this step's verify rows from the block confidences.
+
+        ``verify_input`` is SGLang's ``DFlashVerifyInput`` (``draft_token``/``positions``
+        ``[bs * N]``). Returns the step's decision and, when anything is pruned, the prune.
+        """
+        bs = int(batch.seq_lens.shape[0])
+        n = self.num_draft_tokens
+        full = StepDecision(bs, n, FULL_TIER, "off", bs * n, bs * n, 0)
+        if self.unsupported is not None or bs == 0:
+            return full, None
+        sampling_info = getattr(batch, "sampling_info", None)
+        if sampling_info is not None and not sampling_info.is_all_greedy:
+            self.metrics.exempt_requests[SAMPLING_EXEMPTION] += bs
+            full.exempt_requests = bs
+            return full, None
+        exempt = self._exemptions(batch, bs)
+        n_exempt = sum(exempt)
+        full.exempt_requests = n_exempt
+        cand = [i for i in range(bs) if not exempt[i]]
+        if not cand:
+            return full, None
+        conf = self.step_confidences(worker, bs)
+        if conf is None:
+            self.metrics.uncaptured_steps += 1
+            return full, None
+        device = verify_input.draft_token.device
+        scores = chain_survival(conf.to(device)).scores  # [bs, N - 1]
+        sub = torch.tensor(cand, dtype=torch.int64, device=device) if n_exempt else None
+        if sub is not None:
+            scores = scores.index_select(0, sub)
+        plan = self.choose_step(scores, sub, n)
+        nb = len(cand)
+        predicted = None
+        if plan.mode == "auto" and self.cost_table is not None and plan.tier_index != NO_TIER:
+            row = self.cost_table.lookup(bs)
+            if row is not None:
+                predicted = float(row[1][plan.tier_index])
+        if plan.budget >= nb * (n - 1):
+            full.mode, full.predicted_ms = plan.mode, predicted
+            return full, None
+        keep_lens = torch.full((bs,), n - 1, dtype=torch.int64, device=device)
+        if sub is not None:
+            keep_lens[sub] = plan.keep_lens.to(device)
+        else:
+            keep_lens = plan.keep_lens.to(device=device, dtype=torch.int64)
+        keep, tier_index = agree_across_ranks(chain_keep_mask(keep_lens, n), plan.tier_index, agreement_tp_group())
+        keep_lens = keep.to(torch.int64).sum(dim=1) - 1
+        if tier_index != NO_TIER:
+            width = tier_keep_counts(nb, n, self.tiers)[tier_index] + nb + n_exempt * n
+        else:
+            width = plan.verify_width + n_exempt * n
+        width = min(width, bs * n)
+        nt, ns = chain_retrive(bs, n, device=device)
+        ct = compact_tree(keep, verify_input.draft_token, verify_input.positions, nt, ns, num_tokens=width)
+        compact = CompactVerify(
+            kept_index=ct.kept_index,
+            draft_token=ct.draft_token.to(verify_input.draft_token.dtype),
+            positions=ct.positions.to(verify_input.positions.dtype),
+            custom_mask=None,  # chains: causal (DFlash verifies without a mask)
+            layout=make_ragged_layout(ct.counts, ct.qo_indptr, width),
+            total_nodes=bs * n,
+        )
+        verified = plan.verify_width + n_exempt * n
+        if self.metrics.steps % 16 == 0 or device.type == "cpu":
+            verified = int(ct.counts.sum().item())  # exact on CPU (free); sampled on GPU
+        tier = f"{self.tiers[tier_index]:g}" if tier_index != NO_TIER else f"ratio:{plan.ratio:g}"
+        if plan.mode == "fallback":
+            tier = f"fallback:{tier}"
+        decision = StepDecision(bs, n, tier, plan.mode, verified, width, n_exempt, predicted)
+        return decision, DFlashPrune(keep_lens=keep_lens, compact=compact)
+
+    # ------------------------------------------------------------------ the verify forward
+    def verify_forward(self, worker: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
+        """Run the target verify forward of this step, compacted when the planner prunes."""
+        st = self.state
+        fb = kwargs["forward_batch"]
+        decision, prune = self.plan(worker, st.batch, fb.spec_info)
+        st.verified, st.decision, st.prune = True, decision, prune
+        if prune is None:
+            return original(*args, **kwargs)
+        width = graph_ineligible_width(self.num_draft_tokens)
+
+        def forward_compacted(*a, **kw):
+            kw["forward_batch"].spec_info.num_tokens_per_req = width
+            return original(*a, **kw)
+
+        icpt = TargetForwardInterceptor(worker.target_worker, prune.compact)
+        return icpt._run(forward_compacted, fb, args, kwargs)
+
+    @contextlib.contextmanager
+    def step(self, worker: Any, batch: Any) -> Iterator[DFlashStepState]:
+        """Arm confidence capture and hook the target's verify forward for one decode step."""
+        st = DFlashStepState(batch=batch)
+        self.state = st
+        tw = worker.target_worker
+        had = "forward_batch_generation" in vars(tw)
+        saved = vars(tw).get("forward_batch_generation")
+        original = tw.forward_batch_generation
+
+        def forward_batch_generation(*args, **kwargs):
+            fb = kwargs.get("forward_batch")
+            if (st.verified or not kwargs.get("is_verify", False) or fb is None
+                    or not fb.forward_mode.is_target_verify()):
+                return original(*args, **kwargs)
+            return self.verify_forward(worker, original, args, kwargs)
+
+        tw.forward_batch_generation = forward_batch_generation
+        try:
+            yield st
+        finally:
+            if had:
+                tw.forward_batch_generation = saved
+            else:
+                vars(tw).pop("forward_batch_generation", None)
+            self.state = None
+
+    def finish_step(self, st: DFlashStepState, result: Any) -> None:
+        """Record the step's metrics (and log periodically)."""
+        if st.decision is None:
+            return
+        self.metrics.record(st.decision, getattr(result, "accept_lens", None))
+        self.observe_step(getattr(result, "accept_lens", None))
+        if self.log_interval and self.metrics.steps % self.log_interval == 0:
+            logger.info(self.metrics.log_line())
