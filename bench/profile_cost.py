@@ -23,7 +23,7 @@ Run from the repository root (on a shared CPU machine with ``OMP_NUM_THREADS=1``
 The ratio columns are ``step_ms[tier] / step_ms[1.0]``: the fraction of a full-verify step a
 pruned step costs. D-Cut ``auto`` picks, per step, the tier that maximises expected accepted
 tokens per millisecond, so tiers whose ratio is close to 1.0 buy little and the planner will
-mostly not use them (ALGORITHMS.md B.6).
+mostly not use them (docs/algorithms.md#d-cut-cost-profiling).
 """
 
 from __future__ import annotations

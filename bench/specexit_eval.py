@@ -6,7 +6,7 @@
     python bench/specexit_eval.py --url http://127.0.0.1:30000 --n 50   # a running server, no engine here
 
 One in-process ``sglang.Engine`` (EAGLE3 chain, 3 steps / 4 verify tokens, ``--specexit`` with the
-reference defaults of ALGORITHMS.md A.4-A.6 as server flags) serves three variants of the same
+reference defaults of docs/algorithms.md#specexit-defaults as server flags) serves three variants of the same
 problems, one after the other (after a short warm-up, each from an empty prefix cache, ``--repeats`` passes in
 the order A B C C B A so that the drift of a shared machine cancels out of the latency ratios), each
 with all its requests in flight together (``--concurrency``):

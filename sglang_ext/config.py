@@ -223,7 +223,7 @@ def _check(cond: bool, flag: str, msg: str) -> None:
 # ----------------------------------------------------------------------------- SpecExit
 @dataclass(frozen=True)
 class SpecExitConfig:
-    """Server-wide SpecExit settings (ALGORITHMS.md Part A). Per-request overrides come from
+    """Server-wide SpecExit settings (docs/algorithms.md#specexit). Per-request overrides come from
     ``custom_params`` and are validated by :mod:`sglang_ext.specexit.overrides`; :meth:`options`
     gives the server defaults in that module's form."""
 
@@ -306,7 +306,7 @@ class SpecExitConfig:
 # ----------------------------------------------------------------------------- D-Cut
 @dataclass(frozen=True)
 class DCutConfig:
-    """Server-wide D-Cut settings (ALGORITHMS.md Part B).
+    """Server-wide D-Cut settings (docs/algorithms.md#d-cut).
 
     Ratios follow the bonus-inclusive convention: tier ratio rho keeps ceil(bs * N * rho)
     target-verify tokens (the bs root/bonus slots included).

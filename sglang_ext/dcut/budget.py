@@ -1,7 +1,7 @@
 """Global top-K selection of draft nodes across a batch (pure torch).
 
 Given survival scores for every candidate node of a batch, D-Cut keeps the K best candidates
-across the whole batch (ALGORITHMS.md B.3, B.8). Candidates are ranked by
+across the whole batch (docs/algorithms.md#d-cut-global-top-k). Candidates are ranked by
 
     (score descending, depth ascending, request index ascending, node index ascending).
 

@@ -1,6 +1,6 @@
 """Online calibration of D-Cut survival scores (pure torch/stdlib).
 
-Draft confidences are raw softmax values, not acceptance probabilities (ALGORITHMS.md B.9,
+Draft confidences are raw softmax values, not acceptance probabilities (docs/algorithms.md#d-cut-losslessness,
 "where it breaks" 1): a draft that is over-confident deep in its chain makes ``S(K)``, the
 expected accepted drafts of a budget, too large, and ``auto`` keeps more than pays. This module
 fits one exponent ``tau`` online so that calibrated scores ``s ** tau`` predict the accepted

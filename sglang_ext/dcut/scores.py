@@ -2,7 +2,7 @@
 
 The survival score of a draft node is the probability that greedy verification reaches and
 accepts it: the product of the draft confidences along its root path,
-``s_j = prod_{t <= j} c_t`` (ALGORITHMS.md B.3, draft indexing; the root/bonus slot is not
+``s_j = prod_{t <= j} c_t`` (docs/algorithms.md#d-cut-survival-scores, draft indexing; the root/bonus slot is not
 scored and is always kept). Products are computed in log space.
 
 Non-finite confidences (NaN, +-inf) make their node and all its descendants *ineligible*:

@@ -1,6 +1,6 @@
 """Verify-size tiers: keep counts, the auto objective, fixed ratio and the budget scan.
 
-Keep-count convention (ALGORITHMS.md B.4, **project rule**: bonus-inclusive, as vLLM #47131):
+Keep-count convention (docs/algorithms.md#d-cut-keep-count, **project rule**: bonus-inclusive, as vLLM #47131):
 
     keep_q = min(bs * K, max(0, ceil(bs * N * rho_q) - bs))        (draft slots kept)
 

@@ -3,7 +3,7 @@
 D-Cut ranks draft nodes by survival scores and SpecExit's training-free signal
 (``--specexit-signal-source draft-confidence``) averages the draft's confidences over the
 accepted run. SGLang 0.5.23 keeps neither for chains: with ``topk = 1`` it stores the
-placeholder probability 1.0 (``VERIFY_EDIT_MAP.md`` section 6). This module captures them.
+placeholder probability 1.0 (``docs/sglang_internals.md#draft-confidences``). This module captures them.
 
 What the worker gets, once per verify step
 ------------------------------------------

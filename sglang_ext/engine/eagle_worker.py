@@ -1,7 +1,7 @@
 """The project's ``EAGLEWorkerV2`` subclass (selected by the plugin when --specexit or --dcut is on).
 
-``verify()`` is the seam for both features (see ``SGLANG_MAP.md`` section 2 and
-``VERIFY_EDIT_MAP.md``): D-Cut prunes what the target verifies (it owns the verify call),
+``verify()`` is the seam for both features (see ``docs/sglang_internals.md#workers-and-the-verify-seam`` and
+``docs/architecture.md#one-decode-step``): D-Cut prunes what the target verifies (it owns the verify call),
 SpecExit edits the ``GenerationBatchResult`` after it, and both run before lengths are
 published. Each feature lives in its own glue module and is driven from here:
 

@@ -1,6 +1,7 @@
 """SpecExit exit criterion for one verify step of a batch (pure torch, no host sync).
 
-ALGORITHMS.md A.5-A.7 and A.9; VERIFY_EDIT_MAP.md section 4 for how the engine applies it.
+docs/algorithms.md#specexit-step-procedure (exit test, guards);
+docs/sglang_internals.md#the-specexit-cut for how the engine applies it.
 
 Token diagram of one request in one step (SGLang convention, ``a`` accepted drafts)::
 
@@ -121,7 +122,7 @@ def signal_test(
     active: torch.Tensor,  # [batch_size, NUM_SIGNALS]
     thresholds: torch.Tensor,  # [batch_size, NUM_SIGNALS]
 ) -> torch.Tensor:  # [batch_size]
-    """Whether every enabled signal passes its threshold (ALGORITHMS.md A.5).
+    """Whether every enabled signal passes its threshold (docs/algorithms.md#specexit-exit-test).
 
     confidence > threshold, progress > threshold, remain < threshold, all strict. An
     undefined or NaN score fails. A request with no enabled signal never passes.
@@ -289,8 +290,8 @@ def split_emitted_run(
     """Split SGLang's strided emitted runs into accepted drafts and bonus tokens.
 
     Request ``b`` emits ``E = next_token_ids[b*N : b*N + L]`` with ``L = accept_lens[b]``:
-    ``E = (r_1 .. r_a, bonus)`` with ``a = L - 1`` (VERIFY_EDIT_MAP.md section 4). The root
-    ``r_0`` is not in this tensor: it is ``draft_token.view(bs, N)[:, 0]`` of the verify input.
+    ``E = (r_1 .. r_a, bonus)`` with ``a = L - 1`` (docs/sglang_internals.md#the-specexit-cut).
+    The root ``r_0`` is not in this tensor: it is ``draft_token.view(bs, N)[:, 0]`` of the verify input.
 
     Parameters
     ----------

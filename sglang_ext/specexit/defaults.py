@@ -4,8 +4,8 @@ Every default that a launcher flag, a preset or a per-request override falls bac
 here, so that the config module, the overrides parser and the docs cannot disagree. This
 module imports only the standard library (the config module may import it cheaply).
 
-The values are the effective reference values of ALGORITHMS.md Part A (A.4, A.5, A.6) plus
-the project guards of A.9, which are off by default.
+The values are the effective reference values (docs/algorithms.md#specexit-defaults) plus the
+project guards (docs/algorithms.md#specexit-guards), which are off by default.
 
 Examples
 --------

@@ -1,6 +1,6 @@
 """SpecExit signals: method grammar, checkpoint rows, decoding, per-step mean (pure torch).
 
-ALGORITHMS.md A.2-A.3. A *method* is an ``_``-joined set of signal names taken from
+docs/algorithms.md#specexit-signals. A *method* is an ``_``-joined set of signal names taken from
 ``confidence``, ``progress`` and ``remain``; the signal rows always follow that fixed order,
 whatever the order in the string. Raw rows ``z`` decode as ``sigmoid(z)`` (confidence,
 progress) and ``exp(z)`` (remain, in tokens). The per-step observation of a request is the
@@ -127,7 +127,7 @@ class SpecExitMethod:
     ) -> Tuple[int, ...]:
         """Rows of a ``checkpoint_k``-row signal head to read, in this method's order.
 
-        Project rule (ALGORITHMS.md A.2): a checkpoint with 3 rows holds confidence,
+        Project rule (docs/algorithms.md#specexit-signals): a checkpoint with 3 rows holds confidence,
         progress, remain and serves every method by row selection. A checkpoint with fewer
         rows holds exactly the rows of the method it was trained for: ``checkpoint_method``
         when given, otherwise this method (so ``checkpoint_k`` must equal ``self.k``).

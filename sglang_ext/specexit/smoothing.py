@@ -1,6 +1,6 @@
 """Batched SpecExit smoothers over request slots (pure torch).
 
-ALGORITHMS.md A.4. Each request slot holds one predictor per signal. A predictor receives
+docs/algorithms.md#specexit-smoothing. Each request slot holds one predictor per signal. A predictor receives
 at most one observation per decode step and returns a smoothed score, or "undefined":
 
 ==================  ========================================================  ===============
@@ -279,7 +279,7 @@ class SmootherState:
     ) -> None:
         """Cut the histories of ``paragraph_mean`` slots to their most recent observation.
 
-        Called when a paragraph boundary is evaluated for the slot (ALGORITHMS.md A.7
+        Called when a paragraph boundary is evaluated for the slot (docs/algorithms.md#specexit-step-procedure,
         step 3), whatever the outcome. Slots of other kinds are unaffected.
 
         Parameters

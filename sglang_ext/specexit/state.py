@@ -7,7 +7,7 @@ runs, for ``req_pool_indices`` ``[batch_size]``:
 
 1. ``decision = state.decide(req_pool_indices, root_ids, accepted_ids, bonus_ids)``:
    reads the scores smoothed up to the previous step; changes nothing.
-2. The engine applies the cut of ``decision`` (VERIFY_EDIT_MAP.md section 4) and computes
+2. The engine applies the cut of ``decision`` (docs/sglang_internals.md#the-specexit-cut) and computes
    this step's signals over the committed positions (root + accepted drafts).
 3. ``state.observe(req_pool_indices, decision, signals)``: cuts ``paragraph_mean``
    histories where a boundary was evaluated, pushes the signals of requests still thinking,

@@ -2,8 +2,8 @@
 
 For every problem the target decodes greedily from the thinking prompt.  These
 traces are the draft's training data (so the draft learns what the target
-actually writes) and, for a subset, carry the SpecExit labels of ALGORITHMS.md
-A.12:
+actually writes) and, for a subset, carry the SpecExit labels of
+docs/algorithms.md#specexit-signal-row-training:
 
 * think positions ``t = 1..T``: the generated tokens before ``</think>``;
 * ``progress = t / T``, ``remain = T - t``;

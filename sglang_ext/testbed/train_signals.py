@@ -1,4 +1,4 @@
-"""Stage 4: fit the SpecExit rows of the draft's ``fc`` (ALGORITHMS.md A.12).
+"""Stage 4: fit the SpecExit rows of the draft's ``fc`` (docs/algorithms.md#specexit-signal-row-training).
 
 The signal rows receive gradient only from the signal losses, so they are fitted
 as a linear probe of frozen target features (no bias: ``fc`` has none), then
@@ -134,7 +134,7 @@ def fit_probe(data: SignalData, cfg: SignalTrainConfig, progress: bool = False) 
 
 
 def decode_signals(z: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Raw rows ``# [n, 3]`` -> (confidence, progress, remain) per ALGORITHMS.md A.2."""
+    """Raw rows ``# [n, 3]`` -> (confidence, progress, remain) per docs/algorithms.md#specexit-signals."""
     return torch.sigmoid(z[:, 0]), torch.sigmoid(z[:, 1]), torch.exp(z[:, 2])
 
 

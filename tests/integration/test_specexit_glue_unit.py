@@ -1,6 +1,6 @@
 """SpecExit glue without an engine: the verify-result cut, logprob fix, reports, hooks, launch checks.
 
-Expected values come from VERIFY_EDIT_MAP.md section 4 (worked example and the two special
+Expected values come from docs/sglang_internals.md#the-specexit-cut (worked example and the two special
 cases) and from hand computation, never from the code under test.
 
 Budget: < 10 s.
@@ -31,7 +31,7 @@ N = 4
 
 
 def _worked_example():
-    """bs = 2, N = 4, chain (VERIFY_EDIT_MAP.md section 1)."""
+    """bs = 2, N = 4, chain (docs/sglang_internals.md#verify-outputs)."""
     return dict(
         next_token_ids=torch.tensor([11, 12, 13, 99, 21, 22, 77, 0], dtype=torch.int32),
         accept_lens=torch.tensor([4, 3], dtype=torch.int32),

@@ -4,7 +4,8 @@ These re-implement, from the written semantics only, what the code under test mu
 SGLang's tree-link convention (``build_tree_kernel_efficient``), SGLang's greedy tree
 verification (``verify_tree_greedy``), ancestor sets and the exact keep count. The other
 ``test_dcut_*.py`` files import them; the tests at the bottom pin the references themselves to
-the worked examples of VERIFY_EDIT_MAP.md (sections 1 and 5), which were run against SGLang.
+the worked examples of docs/sglang_internals.md#verify-outputs and
+docs/sglang_internals.md#pruned-verification, which were run against SGLang.
 
 Budget: < 1 s.
 """

@@ -1,7 +1,7 @@
 """Tier keep counts, auto tier choice, fixed ratio, fallback warning and the budget scan.
 
 Keep counts are checked against ``fractions``-based arithmetic and the table of
-ALGORITHMS.md B.4; the auto choice against an independent argmax written with sorted Python
+docs/algorithms.md#d-cut-keep-count; the auto choice against an independent argmax written with sorted Python
 lists and ``math.fsum``.
 
 Budget: < 5 s.

@@ -1,7 +1,7 @@
 """SpecExit exit criterion: boundaries, strict thresholds, guards, stop token, NaN signals.
 
 Pure: no sglang import. Every expected value is worked out by hand from the token diagram
-in ``criterion.py`` / ALGORITHMS.md A.7 (n_j = think_tokens + j is the thinking length
+in ``criterion.py`` / docs/algorithms.md#specexit-step-procedure (n_j = think_tokens + j is the thinking length
 through r_j).
 Budget: < 5 s.
 """

@@ -1,7 +1,7 @@
 """SpecExit defaults and per-request overrides (``custom_params``): parsing, errors, merging.
 
 Pure: no sglang import. Expected defaults are typed from the issue 2 flag list and
-ALGORITHMS.md A.4-A.6, not read from the code.
+docs/algorithms.md#specexit-defaults, not read from the code.
 Budget: < 3 s.
 """
 

@@ -1,6 +1,6 @@
 """SpecExit signals: method grammar, checkpoint rows, decoding, per-step means.
 
-Pure: no sglang import. Expected values are hand-computed (ALGORITHMS.md A.2-A.3).
+Pure: no sglang import. Expected values are hand-computed (docs/algorithms.md#specexit-signals).
 Budget: < 5 s.
 """
 

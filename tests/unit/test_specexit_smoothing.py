@@ -1,7 +1,7 @@
 """SpecExit smoothers: hand-computed sequences, warm-up, paragraph cuts, batched == scalar.
 
 Pure: no sglang import. Expected sequences are computed by hand from the formulas of
-ALGORITHMS.md A.4 (dyadic inputs, so they are exact in float); the random check compares
+docs/algorithms.md#specexit-smoothing (dyadic inputs, so they are exact in float); the random check compares
 the batched state with an independent scalar reference written below.
 Budget: < 5 s.
 """

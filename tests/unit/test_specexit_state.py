@@ -1,6 +1,6 @@
 """SpecExitState: lifecycle by hand, slot reuse, batched == scalar reference, exact replay.
 
-Pure: no sglang import. The scalar reference below re-implements ALGORITHMS.md A.4-A.9 (and
+Pure: no sglang import. The scalar reference below re-implements docs/algorithms.md#specexit (and
 the project rules stated in ``criterion.py``) one request at a time with plain Python lists;
 the batched state must reproduce its decisions on 200 random multi-request runs with slot
 reuse, mixed per-request options, NaN signals, stop tokens and guards.

@@ -2,7 +2,7 @@
 
 SGLang's FlashInfer backend plans TARGET_VERIFY with a uniform ``qo_indptr`` (every request
 verifies ``N`` rows), keys its graph wrappers by batch size only and refuses a ragged layout
-inside a CUDA graph (``SGLANG_MAP.md`` section 6). D-Cut verifies a different number of rows per
+inside a CUDA graph (``docs/sglang_internals.md#verify-graphs-and-attention-backends``). D-Cut verifies a different number of rows per
 request, so this module plans ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` itself:
 
 * **ragged queries**: ``qo_indptr`` from the kept-row counts (exclusive, leading 0);

@@ -4,7 +4,7 @@ The plugin selects ``sglang_ext.engine.dflash_worker.ExtDFlashWorker`` (which dr
 :class:`DFlashDCutRunner`) for ``--speculative-algorithm DFLASH --dcut ...``.
 A DFlash step drafts one block per request (the anchor/bonus token plus ``K = N - 1`` drafts from
 one non-causal draft forward) and the target verifies the block as a chain, so D-Cut on DFlash is
-a per-request prefix cut (ALGORITHMS.md B.3-B.5, B.11)::
+a per-request prefix cut (docs/algorithms.md#d-cut-on-dflash-blocks)::
 
     draft forward (full block, unchanged)
       -> confidence of each proposed token c[b, j] = softmax(lm_head(h[b, j]))[draft[b, j]]

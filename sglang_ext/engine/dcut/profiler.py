@@ -14,7 +14,7 @@ dtype, draft tokens, topk, steps, attention backend, profiling context length, a
 SGLang / sglang_ext versions. The cache directory is ``--dcut-cache-dir`` or
 ``$XDG_CACHE_HOME/sglang_ext/dcut`` (``~/.cache/sglang_ext/dcut``).
 
-What is timed (ALGORITHMS.md B.6): a *full speculative decode step* of the real worker
+What is timed (docs/algorithms.md#d-cut-cost-profiling): a *full speculative decode step* of the real worker
 (``draft`` + pruned ``verify`` at a fixed tier + draft extend), for every profiled batch size
 and tier, with ``--dcut-profile-warmup`` warm-up steps per tier, then ``--dcut-profile-steps``
 timed steps per tier taken round-robin over the tiers (the order reversed every other round), so

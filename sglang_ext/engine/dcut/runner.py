@@ -1,7 +1,7 @@
 """D-Cut in SGLang's EAGLE/EAGLE3 worker: pruned, compacted target verification (SGLang glue).
 
 :class:`DCutRunner` is created by ``ExtEAGLEWorker`` when ``--dcut`` is not ``off`` and runs
-inside its ``verify()``. One decode step (``VERIFY_EDIT_MAP.md`` section 5, "Route B")::
+inside its ``verify()``. One decode step (``docs/sglang_internals.md#pruned-verification``, "Route B")::
 
     draft (full tree, N nodes per request)
       -> DraftCapture scores                    [bs, N] survival (root 1)
@@ -24,7 +24,7 @@ Worked example (bs = 2, chain, N = 4, tier 0.5 -> width ceil(2 * 4 * 0.5) = 4 to
     next_token (cut)   [[1, 2, -1, -1], [-1, -1, -1, -1]]    request 1 accepts at most its root
     logits after scatter-back: rows 3, 5, 6, 7 are 0 (never read: unreachable)
 
-KV consistency (``VERIFY_EDIT_MAP.md`` section 3): kept nodes write their KV into their own
+KV consistency (``docs/sglang_internals.md#kv-slots-of-the-verify-window``): kept nodes write their KV into their own
 strided window slots (``kv_loc_plan.bind(..., cols=kept_index)``); pruned slots are never
 written, lie past every possible committed length and are ordinary over-allocation that the
 request's release frees. No slot is allocated or freed here, so nothing can leak.
@@ -534,7 +534,7 @@ class TargetForwardInterceptor:
         # themselves when SGLang made no kv_loc_plan (trees): flashinfer_dcut's verify_kept_cols.
         spec.dcut_kept_index = p.kept_index
         # A positive width != N: the uniform-width target graph is never replayed for a compact
-        # step (DecodeCudaGraphRunner.can_run_graph; VERIFY_EDIT_MAP 5, step 6) ...
+        # step (DecodeCudaGraphRunner.can_run_graph; docs/sglang_internals.md#pruned-verification, step 6) ...
         n = int(getattr(spec, "draft_token_num", 0) or 0)
         if n > 1:
             spec.num_tokens_per_req = n - 1

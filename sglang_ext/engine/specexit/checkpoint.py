@@ -1,6 +1,6 @@
 """Write a SpecExit EAGLE3 draft checkpoint: a stock EAGLE3 checkpoint plus signal rows in ``fc``.
 
-A SpecExit draft (ALGORITHMS.md A.2, AngelSlim layout) is an EAGLE3 draft whose ``fc.weight``
+A SpecExit draft (docs/algorithms.md#specexit-signals, AngelSlim layout) is an EAGLE3 draft whose ``fc.weight``
 is ``[H + k, num_aux * H_target]``: the ``H`` token rows of the stock checkpoint followed by
 ``k`` signal rows (order confidence, progress, remain, restricted to the trained method).
 :func:`add_signal_rows` builds one from a stock checkpoint directory (``config.json`` +

@@ -1,4 +1,4 @@
-"""The SpecExit cut: exact in-place edits of a verify result (VERIFY_EDIT_MAP.md section 4).
+"""The SpecExit cut: exact in-place edits of a verify result (docs/sglang_internals.md#the-specexit-cut).
 
 After the base ``EAGLEWorkerV2.verify()`` returned, a request ``b`` that SpecExit exits at
 ``j*`` (``keep_drafts = j*`` accepted drafts kept out of ``a``) must emit
@@ -106,7 +106,7 @@ def apply_exit_cut(
 
     Examples
     --------
-    The worked example of VERIFY_EDIT_MAP.md section 4 (stop id 9): request 0 exits after
+    The worked example of docs/sglang_internals.md#the-specexit-cut (stop id 9): request 0 exits after
     its first accepted draft, request 1 is untouched.
 
     >>> ids = torch.tensor([11, 12, 13, 99, 21, 22, 77, 0], dtype=torch.int32)

@@ -7,7 +7,7 @@
   and resets its request-pool slot of the batched :class:`SpecExitState`;
 * ``after_verify(worker, batch, verify_input, result)`` after every verify (D-Cut, when on,
   has already run): the exit decision of every thinking request, the cut
-  (:func:`sglang_ext.engine.specexit.cut.apply_exit_cut`, VERIFY_EDIT_MAP.md section 4),
+  (:func:`sglang_ext.engine.specexit.cut.apply_exit_cut`, docs/sglang_internals.md#the-specexit-cut),
   this step's signals pushed into the smoothers, and a step record handed to the scheduler
   for per-request ``meta_info`` and ``/server_info`` (``specexit_report.py``).
 
