@@ -5,8 +5,8 @@ The SGLang glue (``sglang_ext.engine``) calls these functions and nothing else:
 
 * confidences and survival scores: :func:`confidence_from_logits`,
   :func:`confidence_from_probs`, :func:`chain_survival`, :func:`tree_survival`;
-* the planner: :func:`choose` (tier + global top-K) -> :class:`DCutPlan`, and the opt-in
-  :func:`choose_scan`;
+* the planner: :func:`choose` (tier + global top-K) -> :class:`DCutPlan`; the mode table
+  :data:`TIER_POLICIES` (one function per tier policy) and :func:`parse_mode`;
 * tiers: :func:`keep_count` (bonus-inclusive, exact), :data:`DEFAULT_TIERS`,
   :data:`FALLBACK_RATIO`;
 * the cost table: :class:`CostTable`, :class:`CostTableKey`, :class:`CostTableError`;
@@ -36,10 +36,14 @@ from sglang_ext.dcut.planner import (
     MODE_FALLBACK,
     MODE_OFF,
     MODE_RATIO,
-    MODE_SCAN,
+    TIER_POLICIES,
+    DCutMode,
     DCutPlan,
+    PolicyInput,
+    TierChoice,
     choose,
-    choose_scan,
+    forward_costs,
+    parse_mode,
     reset_fallback_warning,
 )
 from sglang_ext.dcut.scores import (
@@ -56,7 +60,6 @@ from sglang_ext.dcut.tiers import (
     NO_TIER,
     keep_count,
     page_keep_count,
-    scan_budget,
     smallest_fitting_tier,
     tier_keep_counts,
 )
@@ -87,6 +90,7 @@ __all__ = [
     "CostTable",
     "CostTableError",
     "CostTableKey",
+    "DCutMode",
     "DCutPlan",
     "DEFAULT_TIERS",
     "FALLBACK_RATIO",
@@ -95,14 +99,16 @@ __all__ = [
     "MODE_FALLBACK",
     "MODE_OFF",
     "MODE_RATIO",
-    "MODE_SCAN",
     "NO_LINK",
     "NO_PARENT",
     "NO_TIER",
     "NOT_KEPT",
     "PAD_INDEX",
+    "PolicyInput",
     "Ranking",
     "SurvivalScores",
+    "TIER_POLICIES",
+    "TierChoice",
     "TreeTopology",
     "UNREACHABLE_DEPTH",
     "ancestor_mask",
@@ -111,20 +117,20 @@ __all__ = [
     "chain_retrive",
     "chain_survival",
     "choose",
-    "choose_scan",
     "compact_tree",
     "confidence_from_logits",
     "confidence_from_probs",
     "cut_links",
+    "forward_costs",
     "keep_count",
     "page_keep_count",
     "parents_from_retrive",
+    "parse_mode",
     "path_reduce",
     "rank_chain",
     "rank_tree",
     "reset_fallback_warning",
     "retrive_from_parents",
-    "scan_budget",
     "scatter_to_full",
     "select",
     "smallest_fitting_tier",

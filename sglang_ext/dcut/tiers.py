@@ -1,4 +1,4 @@
-"""Verify-size tiers: keep counts, the auto objective, fixed ratio and the budget scan.
+"""Verify-size tiers: keep counts, the auto objective and fixed ratios.
 
 Keep-count convention (docs/algorithms.md#d-cut-keep-count, **project rule**: bonus-inclusive, as vLLM #47131):
 
@@ -33,7 +33,6 @@ __all__ = [
     "tier_keep_counts",
     "smallest_fitting_tier",
     "best_utility_index",
-    "scan_budget",
 ]
 
 DEFAULT_TIERS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
@@ -170,57 +169,4 @@ def best_utility_index(utilities: Sequence[float], costs: Sequence[float]) -> in
         if u > ub or (u == ub and costs[i] < costs[best]):
             best = i
     return best
-
-
-def scan_budget(
-    prefix_sums: Sequence[float],
-    batch_size: int,
-    max_keep: int,
-    widths: Sequence[int],
-    costs_ms: Sequence[float],
-) -> tuple[int, int]:
-    """Staircase-aware budget scan over every captured verify width (opt-in, B.9).
-
-    The cost of a step is a staircase in the verify width: a width ``w`` runs in the smallest
-    captured size ``>= w``. Within one stair a larger budget is free, so only the top of each
-    stair (``keep = w - bs`` for a captured width ``w``) can be optimal; the scan evaluates
-    ``(bs + S(keep)) / cost(w)`` there and returns the best.
-
-    Parameters
-    ----------
-    prefix_sums : sequence of float
-        ``S(k)`` for ``k = 0 .. max_keep`` (e.g. ``Ranking.prefix_sums``).
-    batch_size : int
-        ``bs``.
-    max_keep : int
-        Candidate slots (``bs * K``).
-    widths : sequence of int
-        Captured verify widths in tokens (bonus-inclusive).
-    costs_ms : sequence of float
-        Step cost of each width.
-
-    Returns
-    -------
-    (keep, width_index) : tuple of int
-        Kept draft slots and the index of the chosen width; ``(0, NO_TIER)`` if no width can
-        hold the ``bs`` bonus slots.
-
-    Examples
-    --------
-    >>> scan_budget([0.0, 0.9, 1.5, 1.8, 1.9], 2, 4, [2, 4, 6], [1.0, 1.2, 2.0])
-    (2, 1)
-    """
-    utilities, costs, keeps, index = [], [], [], []
-    for i, (w, c) in enumerate(zip(widths, costs_ms)):
-        if w < batch_size:
-            continue
-        keep = min(max_keep, w - batch_size)
-        utilities.append((batch_size + float(prefix_sums[keep])) / float(c))
-        costs.append(float(c))
-        keeps.append(keep)
-        index.append(i)
-    if not utilities:
-        return 0, NO_TIER
-    best = best_utility_index(utilities, costs)
-    return keeps[best], index[best]
 

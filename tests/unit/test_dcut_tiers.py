@@ -1,4 +1,4 @@
-"""Tier keep counts, auto tier choice, fixed ratio, fallback warning and the budget scan.
+"""Tier keep counts, auto tier choice, fixed ratio, fallback warning, exempt requests and modes.
 
 Keep counts are checked against ``fractions``-based arithmetic and the table of
 docs/algorithms.md#d-cut-keep-count; the auto choice against an independent argmax written with sorted Python
@@ -21,7 +21,6 @@ from sglang_ext.dcut import (
     CostTableKey,
     TreeTopology,
     choose,
-    choose_scan,
     keep_count,
     page_keep_count,
     reset_fallback_warning,
@@ -221,33 +220,3 @@ def test_fallback_without_row_warns_once(caplog):
         choose(s, None)
     records = [r for r in caplog.records if r.name == "sglang_ext.dcut"]
     assert len(records) == 2 and "no cost table" in records[1].getMessage()
-
-
-# --- budget scan -----------------------------------------------------------------------------
-
-def test_budget_scan_matches_exhaustive_staircase():
-    rng = random.Random(23)
-    g = torch.Generator().manual_seed(23)
-    for _ in range(200):
-        bs, n = rng.randint(1, 6), rng.randint(2, 8)
-        s = torch.rand(bs, n - 1, generator=g).cumprod(dim=1)
-        widths = sorted(rng.sample(range(1, bs * n + 3), rng.randint(1, min(5, bs * n + 2))))
-        costs = [rng.uniform(1.0, 2.0) + 0.05 * w for w in widths]
-        plan = choose_scan(s, widths, costs)
-        ranked = sorted(s.reshape(-1).tolist(), reverse=True)
-        # Exhaustive over every budget K and every captured width that holds bs + K tokens
-        # (costs are random, so a wider graph may be the cheaper one).
-        best = None
-        for k in range(0, bs * (n - 1) + 1):
-            for i, w in enumerate(widths):
-                if w < bs + k:
-                    continue
-                u = (bs + math.fsum(ranked[:k])) / costs[i]
-                if best is None or u > best[0] + 1e-12:
-                    best = (u, k, i)
-        if best is None:
-            assert plan.tier_index == NO_TIER and plan.budget == 0
-            continue
-        u_plan = (bs + math.fsum(ranked[: plan.budget])) / costs[plan.tier_index]
-        assert abs(u_plan - best[0]) < 1e-9
-        assert widths[plan.tier_index] >= bs + plan.budget
