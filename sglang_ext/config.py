@@ -7,7 +7,8 @@ carries its flag name, help text and parser in its ``metadata``; the CLI (``--sp
 
 Pure module (no SGLang import). SpecExit defaults, the method grammar and the option ranges
 come from :mod:`sglang_ext.specexit` (``defaults``, ``signals``, ``overrides``) so that flags and
-per-request ``custom_params`` share one definition.
+per-request ``custom_params`` share one definition; the ``--dcut`` mode names and their parser come
+from the planner's mode table (``sglang_ext.dcut.planner.TIER_POLICIES``, ``parse_mode``).
 
 Values are validated in ``__post_init__``; errors are :class:`ConfigError` whose message
 starts with the offending flag, e.g. ``--dcut-tiers: tiers must be strictly increasing``.
@@ -19,12 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from sglang_ext.dcut.planner import MODE_AUTO, MODE_OFF, TIER_POLICIES, DCutMode, parse_mode
 from sglang_ext.specexit import defaults as D
 
 __all__ = [
@@ -53,8 +54,8 @@ SMOOTHING_CHOICES = D.SMOOTHING_NAMES
 SIGNAL_SOURCE_CHOICES = D.SIGNAL_SOURCES
 DEFAULT_STEP_SPLIT_STRINGS: Tuple[str, ...] = D.DEFAULT_STEP_SPLIT_STRINGS
 DEFAULT_DCUT_TIERS: Tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
-DCUT_OFF = "off"
-DCUT_AUTO = "auto"
+DCUT_OFF = MODE_OFF
+DCUT_AUTO = MODE_AUTO
 DCUT_CALIBRATION_POWER = "power"
 DCUT_CALIBRATION_OFF = "off"
 DCUT_CALIBRATION_CHOICES: Tuple[str, ...] = (DCUT_CALIBRATION_POWER, DCUT_CALIBRATION_OFF)
@@ -140,22 +141,11 @@ def _parse_string_list(text: Any) -> Tuple[str, ...]:
     return tuple(items)
 
 
-def _parse_dcut_mode(text: Any):
-    if text is False:
-        return DCUT_OFF
-    if isinstance(text, bool):
-        raise ValueError(f"expected off, auto or a ratio in (0, 1], got {text!r}")
-    if isinstance(text, (int, float)):
-        return float(text)
-    s = str(text).strip().lower()
-    if s in (DCUT_AUTO,):
-        return s
-    if s in (DCUT_OFF, "false"):
-        return DCUT_OFF
-    try:
-        return float(s)
-    except ValueError:
-        raise ValueError(f"expected off, auto or a ratio in (0, 1], got {text!r}") from None
+def _parse_dcut_mode(text: Any) -> DCutMode:
+    """``--dcut``: a mode name of the planner's mode table (``TIER_POLICIES``) or a ratio in (0, 1]."""
+    if text is False or (isinstance(text, str) and text.strip().lower() == "false"):
+        return DCUT_OFF  # YAML 1.1 reads a bare ``off`` as false
+    return parse_mode(text)
 
 
 def _parse_str(text: Any) -> str:
@@ -312,9 +302,11 @@ class DCutConfig:
     target-verify tokens (the bs root/bonus slots included).
     """
 
-    mode: Any = _f(DCUT_OFF, "--dcut", "D-Cut pruning of verified draft tokens: 'off', 'auto' (tier chosen per "
-                   "step from the cost table) or a fixed ratio in (0, 1] of the verify tokens.", _parse_dcut_mode,
-                   metavar="off|auto|RATIO")
+    mode: DCutMode = _f(DCUT_OFF, "--dcut", "D-Cut pruning of verified draft tokens: 'off', 'auto' (tier chosen "
+                        "per step from the cost table) or a fixed ratio in (0, 1] of the verify tokens.",
+                        _parse_dcut_mode, metavar="|".join(TIER_POLICIES) + "|RATIO")
+    """A mode name of ``sglang_ext.dcut.TIER_POLICIES`` (``"off"``, ``"auto"``) or a fixed ratio in
+    (0, 1] as a float (``sglang_ext.dcut.DCutMode``)."""
     tiers: Tuple[float, ...] = _f(None, "--dcut-tiers", "Verify-size tiers as fractions of the full verify width, "
                                   "strictly increasing in (0, 1] and ending at 1.0.", _parse_float_list,
                                   default_factory=lambda: DEFAULT_DCUT_TIERS, metavar="R1,R2,...",
@@ -347,12 +339,10 @@ class DCutConfig:
                                                         list_join=",")
 
     def __post_init__(self):
-        m = self.mode
-        if isinstance(m, str):
-            _check(m in (DCUT_OFF, DCUT_AUTO), "--dcut", f"expected off, auto or a ratio in (0, 1], got {m!r}")
-        else:
-            _check(isinstance(m, float) and math.isfinite(m) and 0.0 < m <= 1.0, "--dcut",
-                   f"ratio must be in (0, 1], got {m}")
+        try:
+            object.__setattr__(self, "mode", parse_mode(self.mode))
+        except ValueError as e:
+            raise ConfigError(f"--dcut: {e}") from None
         _check(self.calibration in DCUT_CALIBRATION_CHOICES, "--dcut-calibration",
                f"expected one of {', '.join(DCUT_CALIBRATION_CHOICES)}, got {self.calibration!r}")
         _check(self.draft_extend in DRAFT_EXTEND_CHOICES, "--dcut-draft-extend",
