@@ -106,7 +106,7 @@ def _plot(results: list, ratio: float, title: str, path: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=16)
@@ -116,7 +116,15 @@ def main() -> None:
     ap.add_argument("--fit-steps", type=int, default=400, help="draft fit steps (0: random draft)")
     ap.add_argument("--models", default=None, help="tiny model directory (built there if missing)")
     ap.add_argument("--out", "--png", dest="out", default=DEFAULT_OUT, help="PNG path ('' for no plot)")
-    args = ap.parse_args()
+    from sglang_ext.testbed.evaluate import refuse_config
+
+    refuse_config(ap, "it launches its engines with the CPU testbed's fixed settings and its own flags "
+                      "(--steps, --topk, --draft-tokens, ...)")
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
 
     from sglang_ext.engine.cpu.standins import cpu_testbed_env, install
 

@@ -110,6 +110,11 @@ def _parse_args(argv=None):
     p.add_argument("--what-if-table", default=None, metavar="TABLE.json",
                    help="--what-if: replay the recorded survival curves against this cost-table JSON "
                         "(CostTable schema: bench/profile_cost.py --json or a D-Cut cache file)")
+    from sglang_ext.testbed.evaluate import refuse_config
+
+    refuse_config(p, "it launches its engines with its own flags (--num-steps, --topk, --num-draft-tokens, ...); "
+                     "pass those, or start a server with `python -m sglang.launch_server --config FILE` and "
+                     "measure it with --url")
     return p.parse_args(argv)
 
 

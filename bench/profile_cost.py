@@ -66,6 +66,11 @@ def _parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="warning", help="the engine's log level (info shows the profiler's lines)")
     p.add_argument("--out", default=DEFAULT_OUT, help="PNG path ('' for no plot)")
     p.add_argument("--json", default=None, help="also write the table and its provenance here")
+    from sglang_ext.testbed.evaluate import refuse_config
+
+    refuse_config(p, "it launches its engine with its own flags (--num-steps, --tiers, --batch-sizes, ...); "
+                     "pass those, or start a server with `python -m sglang.launch_server --config FILE` and "
+                     "read its table with --url")
     return p.parse_args(argv)
 
 

@@ -178,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--png", default=DEFAULT_PNG, help="plot file (the sweep's plot is <png>_sweep.png)")
     ap.add_argument("--replot", default=None, metavar="JSON",
                     help="no engine: print the tables of a saved --out file and write its plots to --png")
+    from sglang_ext.testbed.evaluate import refuse_config
+
+    refuse_config(ap, "the tuned variant's preset is --tuned FILE (its specexit-* options, sent per request); "
+                      "to measure a server launched with `python -m sglang.launch_server --config FILE` use --url")
     return ap
 
 

@@ -7,7 +7,10 @@
         [--specexit ...] [--dcut ...] --out results.json
 
 Every SGLang server flag (and the extension's ``--specexit*``/``--dcut*`` flags) is
-accepted.  ``--model-path`` defaults to the committed target
+accepted, and so is ``--config FILE`` (a launcher preset, e.g.
+``configs/specexit_testbed_tuned.yaml``), read by SGLang's own reader
+(``ConfigArgumentMerger``) with SGLang's precedence: command-line flags over the file,
+the file over the defaults below.  ``--model-path`` defaults to the committed target
 (``sglang_ext/testbed/models/target``); with ``--speculative-algorithm`` the draft
 defaults to the committed draft.  Without CUDA the CPU testbed settings are applied
 unless given (device cpu, fp32, ``torch_sdpa`` attention, pytorch sampling, no CUDA
@@ -156,6 +159,59 @@ def build_parser():
     return ap
 
 
+def refuse_config(parser: argparse.ArgumentParser, hint: str) -> None:
+    """Give ``parser`` a ``--config FILE`` that stops with one line (for the bench scripts, which set
+    the server flags themselves and take no preset): ``<prog>: error: --config is not supported ...``."""
+
+    class RefuseConfig(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            parser.error(f"--config is not supported by this script: {hint}")
+
+    parser.add_argument("--config", action=RefuseConfig, metavar="FILE", help=f"not supported (an error): {hint}")
+
+
+def _split_config_equals(argv: Sequence[str]) -> List[str]:
+    """``--config=FILE`` as ``--config FILE`` (the only spelling SGLang's reader looks for).
+
+    Examples
+    --------
+    >>> _split_config_equals(["--problems", "p", "--config=c.yaml"])
+    ['--problems', 'p', '--config', 'c.yaml']
+    """
+    out: List[str] = []
+    for a in argv:
+        out += ["--config", a.split("=", 1)[1]] if a.startswith("--config=") else [a]
+    return out
+
+
+def parse_args(argv: Sequence[str]):
+    """Parse the command line with ``--config FILE`` merged in as SGLang's launcher does.
+
+    The preset's keys become command-line items placed before the given ones, so a flag on the
+    command line wins over the file (SGLang's ``ConfigArgumentMerger``, the reader behind
+    ``python -m sglang.launch_server --config``); keys of the file count as given for the
+    testbed defaults (``_apply_defaults``). Needs ``sglang_ext.load()`` first (the extension
+    flags and their preset values).
+
+    Returns
+    -------
+    (argparse.Namespace, list of str)
+        The parsed arguments (defaults applied) and the merged argv.
+    """
+    from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+    ap = build_parser()
+    argv = _split_config_equals(argv)
+    if "--config" in argv:
+        try:
+            argv = ConfigArgumentMerger(ap).merge_config_with_args(argv)
+        except (ValueError, OSError) as e:
+            ap.error(f"--config: {e}")
+    args = ap.parse_args(argv)
+    _apply_defaults(args, argv)
+    return args, argv
+
+
 def _apply_defaults(args, argv: Sequence[str]) -> None:
     import torch
 
@@ -206,9 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     from sglang.srt.server_args import ServerArgs
     from transformers import AutoTokenizer
 
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    _apply_defaults(args, argv)
+    args, _ = parse_args(argv)
     problems = task.read_problems(args.problems)
     tok = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
     prompts = [tok.encode(task.prompt_text(p["question"], not args.no_thinking), add_special_tokens=False)
