@@ -1,0 +1,15 @@
+"""D-Cut glue: batch-level draft pruning inside SGLang's speculative workers (imports SGLang).
+
+The maths is in the pure package :mod:`sglang_ext.dcut`; this room wires it into SGLang:
+
+* ``runner``: :class:`~sglang_ext.engine.dcut.runner.DCutRunner`, the D-Cut step of the EAGLE
+  worker's ``verify()`` (plan, TP agreement, compacted target verify, metrics, calibration);
+* ``dflash``: D-Cut on DFlash blocks (``DFlashDCutRunner``, confidences, candidate poisoning);
+* ``profiler``: the launch-time cost table (file, cache or profile) and its publication;
+* ``graphs``: one target-verify CUDA graph per (batch size, tier) (GPU);
+* ``draft_extend``: the eager draft extend over the accepted rows only;
+* ``hooks``: ``HookRegistry`` hooks (tree path scores, ``/server_info``, ``/set_internal_state``);
+* ``client``: read and switch the D-Cut state of a running server (tests, benches).
+
+See ``docs/architecture.md#one-decode-step`` for how a step flows through these modules.
+"""
