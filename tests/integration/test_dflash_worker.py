@@ -209,7 +209,8 @@ def test_plan_fixed_ratio_global_top_k_and_compaction():
     scores = torch.cumprod(conf.double(), dim=1)
     keep = _brute_keep(scores, width - bs)
     assert prune.keep_lens.tolist() == keep
-    assert decision.padded_tokens == width and decision.verified_tokens == bs + sum(keep)
+    assert decision.padded_tokens == width and int(decision.verified_tokens) == bs + sum(keep)
+    assert decision.pruned
     assert decision.tier == "0.5" and decision.mode == "ratio"
     ki = prune.compact.kept_index.tolist()
     exp = [b * n + j for b in range(bs) for j in range(keep[b] + 1)]
@@ -368,7 +369,10 @@ def test_pruned_step_is_lossless_against_full_verify(ratio):
     call = target.calls[n_calls]
     assert len(target.calls) == n_calls + 1 and call.rows == width
     assert list(call.q_lens) == [k + 1 for k in keep] and call.width == n + 1
-    assert call.kwargs == {"skip_attn_backend_init": True}
+    # SGLang's prepare_for_verify planned the strided batch and asks to keep that plan
+    # (skip_attn_backend_init=True, mapped onto forward_metadata_ready): the compacted batch must
+    # be planned again, so the flag does not reach the forward
+    assert call.kwargs == {"skip_attn_backend_init": None}
     # the batch is restored: strided inputs, the uniform verify input
     assert fb.input_ids.shape[0] == bs * n and fb.spec_info.ragged_verify_layout is None
     assert fb.spec_info.num_tokens_per_req == n

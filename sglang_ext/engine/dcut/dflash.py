@@ -13,9 +13,9 @@ a per-request prefix cut (docs/algorithms.md#d-cut-on-dflash-blocks)::
       -> survival s[b, j] = prod_{t <= j} c[b, t]                sglang_ext.dcut.chain_survival
       -> exemptions (grammar, logprobs, penalties: full block; sampled batches: full step)
       -> tier + global top-K -> keep_lens[b] (kept drafts)       sglang_ext.dcut.choose
-      -> agree on (keep, tier) across TP ranks                    dcut_glue.agree_across_ranks
+      -> agree on (keep, tier) across TP ranks                    runner.agree_across_ranks
       -> target verify forward over the kept prefixes only, ragged rows padded to the tier width
-         (dcut_glue's compacted-forward interceptor; logits and hidden states scattered back to
+         (runner.TargetForwardInterceptor; logits and hidden states scattered back to
           the strided [bs * N] layout, pruned rows 0)
       -> SGLang's own accept (greedy), with every draft past a request's kept prefix replaced by
          NO_TOKEN in a copy of the candidates, so acceptance stops at keep_lens[b]; the bonus is
@@ -47,7 +47,8 @@ backend (``sglang_ext.engine.attention.flashinfer_dcut``) plus the tier-graph ru
 
 Launch-time cost profiling, the cost table on the model config and ``/server_info``, metrics and
 TP agreement are the EAGLE3 D-Cut glue's (:class:`DFlashDCutRunner` subclasses
-``dcut_glue.DCutRunner``; ``profiler.obtain_cost_table`` times full steps of this worker through
+``runner.DCutRunner``, whose ``decide`` / ``compact_verify`` make the step decision of both
+runners; ``profiler.obtain_cost_table`` times full steps of this worker through
 ``DCutRunner.forced_ratio``).
 
 Not pruned (full verification, counted in the metrics): requests with a grammar, logprobs,
@@ -94,24 +95,20 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 import torch
 
 import sglang.srt.speculative.dflash_worker_v2 as _dflash_v2
 from sglang.srt.speculative.dflash_worker_v2 import _DflashDraftSampler
 
-from sglang_ext.dcut import NO_TIER, chain_keep_mask, chain_retrive, chain_survival, compact_tree
-from sglang_ext.dcut.tiers import tier_keep_counts
+from sglang_ext.dcut import chain_keep_mask, chain_retrive, chain_survival
 from sglang_ext.engine.dcut.runner import (
-    FULL_TIER,
     CompactVerify,
     DCutRunner,
     StepDecision,
     TargetForwardInterceptor,
-    agree_across_ranks,
-    agreement_tp_group,
-    make_ragged_layout,
+    graph_ineligible_width,
 )
 
 logger = logging.getLogger(__name__)
@@ -346,18 +343,6 @@ def restore_out_tokens(
     return out_tokens
 
 
-def graph_ineligible_width(num_draft_tokens: int) -> int:
-    """``num_tokens_per_req`` for a compacted verify: positive and != N, so SGLang's bs-keyed
-    target graphs (captured at width N) refuse it (``can_run_graph`` passes widths <= 0).
-
-    Examples
-    --------
-    >>> graph_ineligible_width(16)
-    17
-    """
-    return int(num_draft_tokens) + 1
-
-
 # ----------------------------------------------------------------------------- the runner
 @dataclass
 class DFlashPrune:
@@ -429,113 +414,44 @@ class DFlashDCutRunner(DCutRunner):
         """
         bs = int(batch.seq_lens.shape[0])
         n = self.num_draft_tokens
-        full = StepDecision(bs, n, FULL_TIER, "off", bs * n, bs * n, 0)
         if self.unsupported is not None or bs == 0:
-            return full, None
+            return StepDecision.full(bs, n), None
         sampling_info = getattr(batch, "sampling_info", None)
         if sampling_info is not None and not sampling_info.is_all_greedy:
             self.metrics.exempt_requests[SAMPLING_EXEMPTION] += bs
-            full.exempt_requests = bs
-            return full, None
-        exempt = self._exemptions(batch, bs)
-        n_exempt = sum(exempt)
-        full.exempt_requests = n_exempt
-        cand = [i for i in range(bs) if not exempt[i]]
-        if not cand:
-            return full, None
-        conf = self.step_confidences(worker, bs)
-        if conf is None:
-            self.metrics.uncaptured_steps += 1
-            return full, None
+            return StepDecision.full(bs, n, bs), None
         device = verify_input.draft_token.device
-        scores = chain_survival(conf.to(device)).scores  # [bs, N - 1]
-        sub = torch.tensor(cand, dtype=torch.int64, device=device) if n_exempt else None
-        if sub is not None:
-            scores = scores.index_select(0, sub)
-        plan = self.choose_step(scores, sub, n)
-        nb = len(cand)
-        predicted = None
-        if plan.mode == "auto" and self.cost_table is not None and plan.tier_index != NO_TIER:
-            row = self.cost_table.lookup(bs)
-            if row is not None:
-                predicted = float(row[1][plan.tier_index])
-        if plan.budget >= nb * (n - 1):
-            full.mode, full.predicted_ms = plan.mode, predicted
-            return full, None
-        keep_lens = torch.full((bs,), n - 1, dtype=torch.int64, device=device)
-        if sub is not None:
-            keep_lens[sub] = plan.keep_lens.to(device)
-        else:
-            keep_lens = plan.keep_lens.to(device=device, dtype=torch.int64)
-        keep, tier_index = agree_across_ranks(chain_keep_mask(keep_lens, n), plan.tier_index, agreement_tp_group())
-        keep_lens = keep.to(torch.int64).sum(dim=1) - 1
-        if tier_index != NO_TIER:
-            width = tier_keep_counts(nb, n, self.tiers)[tier_index] + nb + n_exempt * n
-        else:
-            width = plan.verify_width + n_exempt * n
-        width = min(width, bs * n)
+
+        def step_scores():
+            conf = self.step_confidences(worker, bs)
+            return None if conf is None else (chain_survival(conf.to(device)).scores, None)  # [bs, N - 1]
+
+        step = self.decide(batch, bs, n, step_scores)
+        if step.keep is None:
+            return step.decision, None
         nt, ns = chain_retrive(bs, n, device=device)
-        ct = compact_tree(keep, verify_input.draft_token, verify_input.positions, nt, ns, num_tokens=width)
-        compact = CompactVerify(
-            kept_index=ct.kept_index,
-            draft_token=ct.draft_token.to(verify_input.draft_token.dtype),
-            positions=ct.positions.to(verify_input.positions.dtype),
-            custom_mask=None,  # chains: causal (DFlash verifies without a mask)
-            layout=make_ragged_layout(ct.counts, ct.qo_indptr, width),
-            total_nodes=bs * n,
-        )
-        verified = plan.verify_width + n_exempt * n
-        if self.metrics.steps % 16 == 0 or device.type == "cpu":
-            verified = int(ct.counts.sum().item())  # exact on CPU (free); sampled on GPU
-        tier = f"{self.tiers[tier_index]:g}" if tier_index != NO_TIER else f"ratio:{plan.ratio:g}"
-        if plan.mode == "fallback":
-            tier = f"fallback:{tier}"
-        decision = StepDecision(bs, n, tier, plan.mode, verified, width, n_exempt, predicted)
-        return decision, DFlashPrune(keep_lens=keep_lens, compact=compact)
+        compact, _ = self.compact_verify(step, verify_input.draft_token, verify_input.positions, nt, ns)
+        keep_lens = step.keep.to(torch.int64).sum(dim=1) - 1  # [bs] kept drafts (TP rank 0's)
+        return step.decision, DFlashPrune(keep_lens=keep_lens, compact=compact)
 
     # ------------------------------------------------------------------ the verify forward
-    def verify_forward(self, worker: Any, original: Callable, args: tuple, kwargs: dict) -> Any:
-        """Run the target verify forward of this step, compacted when the planner prunes."""
+    def verify_plan(self, worker: Any, forward_batch: Any) -> Optional[CompactVerify]:
+        """Plan this step at its target verify forward (called by the interceptor); the compacted
+        verify, or None to run the forward in full."""
         st = self.state
-        fb = kwargs["forward_batch"]
-        decision, prune = self.plan(worker, st.batch, fb.spec_info)
+        decision, prune = self.plan(worker, st.batch, forward_batch.spec_info)
         st.verified, st.decision, st.prune = True, decision, prune
-        if prune is None:
-            return original(*args, **kwargs)
-        width = graph_ineligible_width(self.num_draft_tokens)
-
-        def forward_compacted(*a, **kw):
-            kw["forward_batch"].spec_info.num_tokens_per_req = width
-            return original(*a, **kw)
-
-        icpt = TargetForwardInterceptor(worker.target_worker, prune.compact)
-        return icpt._run(forward_compacted, fb, args, kwargs)
+        return None if prune is None else prune.compact
 
     @contextlib.contextmanager
     def step(self, worker: Any, batch: Any) -> Iterator[DFlashStepState]:
-        """Arm confidence capture and hook the target's verify forward for one decode step."""
+        """Arm confidence capture and intercept the target's verify forward for one decode step."""
         st = DFlashStepState(batch=batch)
         self.state = st
-        tw = worker.target_worker
-        had = "forward_batch_generation" in vars(tw)
-        saved = vars(tw).get("forward_batch_generation")
-        original = tw.forward_batch_generation
-
-        def forward_batch_generation(*args, **kwargs):
-            fb = kwargs.get("forward_batch")
-            if (st.verified or not kwargs.get("is_verify", False) or fb is None
-                    or not fb.forward_mode.is_target_verify()):
-                return original(*args, **kwargs)
-            return self.verify_forward(worker, original, args, kwargs)
-
-        tw.forward_batch_generation = forward_batch_generation
         try:
-            yield st
+            with TargetForwardInterceptor(worker.target_worker, lambda fb: self.verify_plan(worker, fb)):
+                yield st
         finally:
-            if had:
-                tw.forward_batch_generation = saved
-            else:
-                vars(tw).pop("forward_batch_generation", None)
             self.state = None
 
     def finish_step(self, st: DFlashStepState, result: Any) -> None:

@@ -58,7 +58,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -66,8 +66,9 @@ from sglang_ext.config import DCUT_CALIBRATION_POWER
 from sglang_ext.dcut import (
     MODE_AUTO,
     MODE_OFF,
-    NO_TIER,
+    CompactTree,
     CostTable,
+    DCutPlan,
     TreeTopology,
     build_full_mask,
     chain_keep_mask,
@@ -75,7 +76,6 @@ from sglang_ext.dcut import (
     compact_tree,
     cut_links,
     scatter_to_full,
-    tier_keep_counts,
 )
 from sglang_ext.dcut.calibration import PowerCalibration
 
@@ -85,6 +85,7 @@ __all__ = [
     "DCutRunner",
     "DCutMetrics",
     "StepDecision",
+    "StepPlan",
     "agree_across_ranks",
     "exemption_reasons",
     "EXEMPT_REASONS",
@@ -92,6 +93,7 @@ __all__ = [
     "CompactVerify",
     "TargetForwardInterceptor",
     "make_ragged_layout",
+    "graph_ineligible_width",
     "agreement_tp_group",
     "StepTiming",
     "TIMING_ENV",
@@ -203,12 +205,21 @@ class StepDecision:
 
     batch_size: int
     num_draft_tokens: int
-    tier: str  # tier ratio as text ("0.5"), FULL_TIER, or "fallback:<ratio>"
+    tier: str  # tier ratio as text ("0.5"), FULL_TIER, or "fallback:<ratio>" (DCutPlan.tier_label)
     mode: str
-    verified_tokens: int  # kept rows incl. roots (padding excluded); bs * N when not pruned
+    # kept rows incl. roots (padding excluded): bs * N when not pruned; for a pruned step a 0-d
+    # int64 device tensor, read only when the metrics are summarized (no host sync per step)
+    verified_tokens: Union[int, torch.Tensor]
     padded_tokens: int  # rows of the target forward (tier width)
     exempt_requests: int
     predicted_ms: Optional[float] = None
+    pruned: bool = False  # some draft node of the step was left out of the verification
+
+    @classmethod
+    def full(cls, batch_size: int, num_draft_tokens: int, exempt_requests: int = 0) -> "StepDecision":
+        """A step verified in full (no pruning)."""
+        rows = batch_size * num_draft_tokens
+        return cls(batch_size, num_draft_tokens, FULL_TIER, MODE_OFF, rows, rows, exempt_requests)
 
 
 STEP_PARTS = ("draft", "plan", "target_forward", "verify_rest", "draft_extend", "other")
@@ -310,6 +321,7 @@ class DCutMetrics:
     timed_steps: int = 0
     _accepted: Optional[torch.Tensor] = None  # device scalar, sum of accept_lens
     _accepted_host: int = 0
+    _verified: Optional[torch.Tensor] = None  # device scalar, kept rows of pruned steps not yet folded
     _last: Optional[StepDecision] = None
     _last_time: Optional[float] = None
     timing: Optional[StepTiming] = None  # created when TIMING_ENV is on
@@ -334,9 +346,13 @@ class DCutMetrics:
         self.steps += 1
         self.requests += d.batch_size
         self.full_tokens += d.batch_size * d.num_draft_tokens
-        self.verified_tokens += d.verified_tokens
+        if isinstance(d.verified_tokens, torch.Tensor):
+            v = d.verified_tokens.detach().to(torch.int64)
+            self._verified = v if self._verified is None else self._verified + v
+        else:
+            self.verified_tokens += int(d.verified_tokens)
         self.padded_tokens += d.padded_tokens
-        if d.verified_tokens < d.batch_size * d.num_draft_tokens:
+        if d.pruned:
             self.pruned_steps += 1
         self.tier_histogram[d.tier] = self.tier_histogram.get(d.tier, 0) + 1
         if accept_lens is not None:
@@ -350,9 +366,16 @@ class DCutMetrics:
             self._accepted = None
         return self._accepted_host
 
+    def _fold_verified(self) -> None:
+        """Add the device-side kept-row count of pruned steps to ``verified_tokens`` (one host sync)."""
+        if self._verified is not None:
+            self.verified_tokens += int(self._verified.item())
+            self._verified = None
+
     def summary(self) -> Dict[str, Any]:
         """JSON-able snapshot (``/server_info`` ``internal_states[i]["dcut"]["metrics"]``)."""
         accepted = self.accepted_tokens()
+        self._fold_verified()
         kept_drafts = self.verified_tokens - self.requests
         return {
             "steps": self.steps,
@@ -400,8 +423,8 @@ class PendingObservation:
 class CompactVerify:
     """Everything the intercepted target forward needs for one pruned step.
 
-    Built by :meth:`DCutRunner._plan` (EAGLE) and the DFlash worker from
-    ``sglang_ext.dcut.compact_tree``; consumed by :class:`TargetForwardInterceptor`.
+    Built by :meth:`DCutRunner.compact_verify` (both runners) from ``sglang_ext.dcut.compact_tree``;
+    consumed by :class:`TargetForwardInterceptor`.
     ``num_tokens`` is the tier's verify width (kept rows plus pad rows).
 
     Examples
@@ -462,16 +485,37 @@ def reset_token_counts(fb: Any, device: Any, *, is_draft_worker: bool) -> None:
         init(device=device, is_draft_worker=is_draft_worker)
 
 
+def graph_ineligible_width(num_draft_tokens: int) -> int:
+    """``num_tokens_per_req`` of a compacted verify: positive and != N, so SGLang's bs-keyed target
+    graphs (captured at width N) refuse it (``DecodeCudaGraphRunner.can_run_graph`` lets widths
+    <= 0 through).
+
+    Examples
+    --------
+    >>> graph_ineligible_width(16)
+    17
+    """
+    return int(num_draft_tokens) + 1
+
+
+VerifyPlanSource = Union[CompactVerify, Callable[[Any], Optional[CompactVerify]]]
+"""What :class:`TargetForwardInterceptor` compacts: a :class:`CompactVerify` known before the verify
+(EAGLE), or a function ``forward_batch -> CompactVerify | None`` called at the TARGET_VERIFY forward
+(DFlash, whose draft confidences exist only then; None runs that forward uncompacted)."""
+
+
 class TargetForwardInterceptor:
-    """Per-instance wrapper of ``target_worker.forward_batch_generation`` for one verify call.
+    """Per-instance wrapper of ``target_worker.forward_batch_generation`` for one verify call: the
+    one target-forward swap of both D-Cut runners (EAGLE and DFlash).
 
-    The TARGET_VERIFY forward batch that ``run_eagle_verify`` built (strided, ``bs * N`` rows) is
-    compacted in place, the original forward runs over the kept rows, the outputs are scattered
-    back to the strided layout, and every compacted field of the forward batch is restored.
-    Any other call (draft forwards, non-verify modes) passes through unchanged; ``calls`` counts
-    the intercepted verify forwards. Used as a context manager around one verify::
+    The first TARGET_VERIFY forward batch (strided, ``bs * N`` rows) is compacted in place to the
+    plan's kept rows, the original forward runs over them (planned for them: a plan SGLang made for
+    the strided batch is not reused), the outputs are scattered back to the strided layout, and
+    every compacted field of the forward batch is restored. Any other call (draft forwards,
+    non-verify modes, a second verify) passes through unchanged; ``calls`` counts the TARGET_VERIFY
+    forwards. Used as a context manager around one verify::
 
-        with TargetForwardInterceptor(worker.target_worker, plan) as icpt:
+        with TargetForwardInterceptor(worker.target_worker, plan, verify_input=vi) as icpt:
             result = base_verify(batch)
         assert icpt.calls == 1
 
@@ -480,15 +524,23 @@ class TargetForwardInterceptor:
     target_worker : sglang TpModelWorker
         The target worker whose ``forward_batch_generation`` is wrapped (instance attribute,
         removed again on exit).
-    plan : CompactVerify
-        The kept rows of this step.
+    plan : CompactVerify or callable
+        See :data:`VerifyPlanSource`.
+    verify_input : sglang SpecInput, optional
+        The step's verify input, when ``plan`` is known before SGLang builds the verify batch: its
+        ``num_tokens_per_req`` is :func:`graph_ineligible_width` inside the context, so SGLang's
+        verify preparation (``eagle_prepare_for_verify``: ``can_run_graph``, then ``load_batch``)
+        does not plan a uniform graph for the strided batch that the compacted forward would
+        replace (one attention plan per compacted step).
     """
 
-    def __init__(self, target_worker: Any, plan: CompactVerify):
+    def __init__(self, target_worker: Any, plan: VerifyPlanSource, verify_input: Any = None):
         self.target_worker = target_worker
         self.plan = plan
+        self.verify_input = verify_input
         self.calls = 0
         self._saved = None
+        self._saved_width = None
 
     def __enter__(self):
         tw = self.target_worker
@@ -501,9 +553,19 @@ class TargetForwardInterceptor:
             if not kwargs.get("is_verify", False) or fb is None or not fb.forward_mode.is_target_verify():
                 return original(*args, **kwargs)
             self.calls += 1
-            return self._run(original, fb, args, kwargs)
+            plan = self.plan if self.calls == 1 else None
+            if plan is not None and not isinstance(plan, CompactVerify):
+                plan = plan(fb)
+            if plan is None:
+                return original(*args, **kwargs)
+            return self._run(original, fb, plan, args, kwargs)
 
         tw.forward_batch_generation = forward_batch_generation
+        vi = self.verify_input
+        n = int(getattr(vi, "draft_token_num", 0) or 0)
+        if n > 1 and isinstance(self.plan, CompactVerify):
+            self._saved_width = vi.num_tokens_per_req
+            vi.num_tokens_per_req = graph_ineligible_width(n)
         return self
 
     def __exit__(self, *exc):
@@ -512,10 +574,12 @@ class TargetForwardInterceptor:
             tw.forward_batch_generation = self._saved
         else:
             vars(tw).pop("forward_batch_generation", None)
+        if self._saved_width is not None:
+            self.verify_input.num_tokens_per_req = self._saved_width
+            self._saved_width = None
         return False
 
-    def _run(self, original: Callable, fb: Any, args, kwargs):
-        p = self.plan
+    def _run(self, original: Callable, fb: Any, p: CompactVerify, args, kwargs):
         saved = {
             "input_ids": fb.input_ids,
             "positions": fb.positions,
@@ -537,11 +601,16 @@ class TargetForwardInterceptor:
         # step (DecodeCudaGraphRunner.can_run_graph; docs/sglang_internals.md#pruned-verification, step 6) ...
         n = int(getattr(spec, "draft_token_num", 0) or 0)
         if n > 1:
-            spec.num_tokens_per_req = n - 1
+            spec.num_tokens_per_req = graph_ineligible_width(n)
         fb.spec_info = spec
         if saved["metadata_ready"]:
-            # ... and a graph pre-plan (load_batch) made for the strided batch is not reused.
+            # ... and a plan made for the strided batch is not reused: neither a graph pre-plan
+            # (load_batch) ...
             fb.forward_metadata_ready = False
+        if kwargs.get("skip_attn_backend_init"):
+            # ... nor an eager one the caller asks to keep (DFlash: prepare_for_verify planned the
+            # strided batch; TpModelWorker maps this deprecated flag onto forward_metadata_ready).
+            kwargs = dict(kwargs, skip_attn_backend_init=None)
         fb.input_ids = p.draft_token
         fb.positions = p.positions
         plan = getattr(fb, "kv_loc_plan", None)
@@ -716,27 +785,89 @@ class DCutRunner:
             raise ValueError(f"dcut_force_ratio must be in (0, 1] or 0 (configured mode), got {ratio}")
         self.override_ratio = r
 
-    def choose_step(self, scores: torch.Tensor, cand: Optional[torch.Tensor], n: int,
-                    topology: Optional[TreeTopology] = None):  # scores: [num_candidates, slots]
-        """The planner's decision for this step's candidate requests (shared by EAGLE and DFlash).
+    def choose_step(self, scores: torch.Tensor, n: int, exempt: Optional[List[bool]] = None,
+                    topology: Optional[TreeTopology] = None) -> DCutPlan:  # scores: [bs, slots]
+        """The planner's plan for this step's batch (shared by EAGLE and DFlash).
 
-        ``scores`` are the raw survival scores (chains ``[nb, N - 1]``, trees ``[nb, N]`` with
-        the root column); in ``auto`` mode the planner sees them through the online calibration
-        (a strictly increasing map: same kept set at any budget, only the tier moves). The raw
-        scores and the kept slots are remembered for :meth:`observe_step`. ``cand``: ``[nb]``
-        batch rows of the candidates (None: every row).
+        ``scores`` are the raw survival scores of the whole batch (chains ``[bs, N - 1]``, trees
+        ``[bs, N]`` with the root column); ``exempt`` flags the requests verified in full. In
+        ``auto`` mode the planner sees the scores through the online calibration (a strictly
+        increasing map: same kept set at any budget, only the tier moves). The raw scores and the
+        kept slots of the scored requests are remembered for :meth:`observe_step`.
         """
         mode = self._mode()
         planned = scores
         if self.calibration is not None and mode == MODE_AUTO:
             planned = self.calibration.apply(scores)
-        plan = choose(planned, self.cost_table, self.tiers, mode, topology=topology, num_draft_tokens=n)
+        plan = choose(planned, self.cost_table, self.tiers, mode, topology=topology, num_draft_tokens=n,
+                      exempt=exempt)
         if self.calibration is not None:
             tree = plan.keep_mask is not None
-            keep = plan.keep_mask if tree else chain_keep_mask(plan.keep_lens, n)  # [nb, N], root column 0
-            obs_scores = scores[:, 1:] if tree else scores  # draft slots only
-            self._pending_obs = PendingObservation(obs_scores, keep[:, 1:].to(torch.bool), cand)
+            keep = plan.keep_mask if tree else chain_keep_mask(plan.keep_lens, n)  # [bs, N], root column 0
+            obs_scores, kept = (scores[:, 1:] if tree else scores), keep[:, 1:]  # draft slots only
+            cand = None
+            if exempt is not None and any(exempt):
+                cand = torch.tensor([i for i, e in enumerate(exempt) if not e], dtype=torch.int64,
+                                    device=scores.device)
+                obs_scores, kept = obs_scores.index_select(0, cand), kept.index_select(0, cand)
+            self._pending_obs = PendingObservation(obs_scores, kept.to(torch.bool), cand)
         return plan
+
+    def decide(self, batch: Any, bs: int, n: int,
+               step_scores: Callable[[], Optional[Tuple[torch.Tensor, Optional[TreeTopology]]]]) -> "StepPlan":
+        """This step's D-Cut decision (both runners): exemptions, the planner, TP agreement.
+
+        ``step_scores()`` gives the whole batch's survival scores and tree topology (``None`` for
+        chains), or None when the drafts were not captured (counted in the metrics); it is called
+        only when some request may be pruned.
+        """
+        exempt = self._exemptions(batch, bs)
+        n_exempt = sum(exempt)
+        full = StepDecision.full(bs, n, n_exempt)
+        if n_exempt == bs or n <= 1:
+            return StepPlan(full)
+        got = step_scores()
+        if got is None:
+            self.metrics.uncaptured_steps += 1
+            return StepPlan(full)
+        scores, topology = got
+        if self.metrics.timing is not None and topology is None:
+            cand = [i for i in range(bs) if not exempt[i]]
+            self.metrics.timing.add_survival(scores[cand])
+        plan = self.choose_step(scores, n, exempt, topology)
+        if not plan.prunes:
+            full.mode, full.predicted_ms = plan.mode, plan.predicted_ms
+            return StepPlan(full)
+        keep = plan.keep_mask if plan.keep_mask is not None else chain_keep_mask(plan.keep_lens, n)  # [bs, N]
+        keep, tier_index = agree_across_ranks(keep, plan.tier_index, agreement_tp_group())
+        plan = plan.at_tier(tier_index)
+        decision = StepDecision(bs, n, plan.tier_label, plan.mode, keep.sum(), plan.forward_width, n_exempt,
+                                plan.predicted_ms, pruned=True)
+        return StepPlan(decision, plan, keep)
+
+    def compact_verify(
+        self,
+        step: "StepPlan",
+        draft_token: torch.Tensor,  # [bs * N]
+        positions: torch.Tensor,  # [bs * N]
+        next_token: torch.Tensor,  # [bs, N] first-child links
+        next_sibling: torch.Tensor,  # [bs, N] next-sibling links
+        seq_lens: Optional[torch.Tensor] = None,  # [bs] prefix lengths; None = no mask (causal chains)
+    ) -> Tuple[CompactVerify, CompactTree]:
+        """The compacted verify of a pruned step (both runners): the kept rows, padded to the
+        step's forward width, and their compact FULL mask when ``seq_lens`` is given."""
+        width = step.decision.padded_tokens
+        ct = compact_tree(step.keep, draft_token, positions, next_token, next_sibling, num_tokens=width)
+        mask = None if seq_lens is None else build_full_mask(ct.tree_block, ct.counts, seq_lens)[0]
+        cv = CompactVerify(
+            kept_index=ct.kept_index,
+            draft_token=ct.draft_token.to(draft_token.dtype),
+            positions=ct.positions.to(positions.dtype),
+            custom_mask=mask,
+            layout=make_ragged_layout(ct.counts, ct.qo_indptr, width),
+            total_nodes=step.keep.numel(),
+        )
+        return cv, ct
 
     def observe_step(self, accept_lens: Optional[torch.Tensor]) -> None:  # accept_lens: [batch_size]
         """Feed the calibration with the step's kept scores and its candidates' accepted drafts
@@ -784,7 +915,7 @@ class DCutRunner:
         else:
             plan, links = prepared
             vi.retrieve_next_token, vi.retrieve_next_sibling = links
-            with TargetForwardInterceptor(worker.target_worker, plan) as icpt:
+            with TargetForwardInterceptor(worker.target_worker, plan, verify_input=vi) as icpt:
                 result = full()
             if icpt.calls != 1:
                 raise RuntimeError(f"D-Cut: expected one intercepted target verify forward, saw {icpt.calls}")
@@ -813,89 +944,37 @@ class DCutRunner:
         return exempt
 
     def _plan(self, worker: Any, batch: Any, vi: Any, bs: int, n: int):
-        """(StepDecision, None | (CompactVerify, cut links)) for this step."""
-        full_decision = StepDecision(bs, n, FULL_TIER, MODE_OFF, bs * n, bs * n, 0)
-        exempt = self._exemptions(batch, bs)
-        n_exempt = sum(exempt)
-        full_decision.exempt_requests = n_exempt
-        cand = [i for i in range(bs) if not exempt[i]]
-        if not cand or n <= 1:
-            return full_decision, None
-        cap = getattr(worker, "draft_capture", None)
-        if cap is None:
-            self.metrics.uncaptured_steps += 1
-            return full_decision, None
-        scores = cap.scores_for_verify(vi, bs)  # SpecExit reads the same scores after verify
-        if not scores.valid:
-            self.metrics.uncaptured_steps += 1
-            return full_decision, None
-
+        """(StepDecision, None | (CompactVerify or None, cut links)) for this EAGLE step."""
         nt, ns = vi.retrieve_next_token, vi.retrieve_next_sibling  # [bs, N]
-        device = nt.device
-        sub = torch.tensor(cand, dtype=torch.int64, device=device) if n_exempt else None
-        topology = None
-        if scores.is_tree:
-            s = scores.survival
-            if sub is not None:
-                topology = TreeTopology.from_retrive(nt.index_select(0, sub), ns.index_select(0, sub))
-            else:
-                topology = TreeTopology.from_retrive(nt, ns)
-        else:
-            s = scores.draft_survival
-        if sub is not None:
-            s = s.index_select(0, sub)
-        if self.metrics.timing is not None and not scores.is_tree:
-            self.metrics.timing.add_survival(s)
-        plan = self.choose_step(s, sub, n, topology=topology)
+        cap = getattr(worker, "draft_capture", None)
 
-        nb = len(cand)
-        predicted = None
-        if plan.mode == MODE_AUTO and self.cost_table is not None and plan.tier_index != NO_TIER:
-            row = self.cost_table.lookup(bs)
-            if row is not None:
-                predicted = float(row[1][plan.tier_index])
-        if plan.budget >= nb * (n - 1):
-            full_decision.mode = plan.mode
-            full_decision.predicted_ms = predicted
-            return full_decision, None
-        keep_sub = plan.keep_mask if plan.keep_mask is not None else chain_keep_mask(plan.keep_lens, n)
-        if sub is not None:
-            keep = torch.ones((bs, n), dtype=torch.bool, device=device)
-            keep[sub] = keep_sub
-        else:
-            keep = keep_sub
-        tier_index = plan.tier_index
-        keep, tier_index = agree_across_ranks(keep, tier_index, agreement_tp_group())
-        if tier_index != NO_TIER:
-            width = tier_keep_counts(nb, n, self.tiers)[tier_index] + nb + n_exempt * n
-        else:
-            width = plan.verify_width + n_exempt * n
-        width = min(width, bs * n)
-        verified = plan.verify_width + n_exempt * n  # host upper bound; exact count below
-        tier_name = (f"{self.tiers[tier_index]:g}" if tier_index != NO_TIER else f"ratio:{plan.ratio:g}")
-        if plan.mode == "fallback":
-            tier_name = f"fallback:{tier_name}"
+        def step_scores():
+            scores = cap.scores_for_verify(vi, bs) if cap is not None else None  # SpecExit reads them too
+            if scores is None or not scores.valid:
+                return None
+            if scores.is_tree:
+                return scores.survival, TreeTopology.from_retrive(nt, ns)
+            return scores.draft_survival, None
+
+        step = self.decide(batch, bs, n, step_scores)
+        if step.keep is None:
+            return step.decision, None
         if not self.compact:  # Route C: same layout, pruned nodes unreachable, full-width forward
-            cut_nt, cut_ns = cut_links(nt, ns, keep)
-            if device.type == "cpu":
-                verified = int(keep.sum().item())
-            decision = StepDecision(bs, n, tier_name, plan.mode, verified, bs * n, n_exempt, predicted)
-            return decision, (None, (cut_nt.to(nt.dtype), cut_ns.to(ns.dtype)))
-        ct = compact_tree(keep, vi.draft_token, vi.positions, nt, ns, num_tokens=width)
+            cut_nt, cut_ns = cut_links(nt, ns, step.keep)
+            step.decision.padded_tokens = bs * n
+            return step.decision, (None, (cut_nt.to(nt.dtype), cut_ns.to(ns.dtype)))
+        cv, ct = self.compact_verify(step, vi.draft_token, vi.positions, nt, ns, seq_lens=batch.seq_lens)
         links = (ct.cut_next_token.to(nt.dtype), ct.cut_next_sibling.to(ns.dtype))
-        mask, _ = build_full_mask(ct.tree_block, ct.counts, batch.seq_lens)
-        cv = CompactVerify(
-            kept_index=ct.kept_index,
-            draft_token=ct.draft_token.to(vi.draft_token.dtype),
-            positions=ct.positions.to(vi.positions.dtype),
-            custom_mask=mask,
-            layout=make_ragged_layout(ct.counts, ct.qo_indptr, width),
-            total_nodes=bs * n,
-        )
-        if self.metrics.steps % 16 == 0 or device.type == "cpu":
-            verified = int(ct.counts.sum().item())  # exact on CPU (free); sampled on GPU
-        decision = StepDecision(bs, n, tier_name, plan.mode, verified, width, n_exempt, predicted)
-        return decision, (cv, links)
+        return step.decision, (cv, links)
+
+
+@dataclass
+class StepPlan:
+    """One verify step's D-Cut decision (:meth:`DCutRunner.decide`, both runners)."""
+
+    decision: StepDecision
+    plan: Optional[DCutPlan] = None  # the planner's plan at the agreed tier; None = verified in full
+    keep: Optional[torch.Tensor] = None  # [batch_size, N] bool kept nodes (TP rank 0's); None = all
 
 
 def _timed_now(device: Any) -> float:
