@@ -5,6 +5,6 @@
 #   scripts/demo.sh --keep-running  leave the server up (Ctrl-C to stop)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_cpu.sh 2>&1 | grep -v "^WARNING: Location" || true
+scripts/install_cpu.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec .venv/bin/python -m sglang_ext.demo "$@"

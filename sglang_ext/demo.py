@@ -30,6 +30,8 @@ DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "cpu_demo.yaml")
 TRAINED_MODELS = os.path.join(REPO_ROOT, "sglang_ext", "testbed", "models")
 TINY_CACHE = os.path.join(REPO_ROOT, ".cache", "tiny_models")
 DEFAULT_QUESTION = "Compute: 7 + 4 - 2"
+#: Seconds a server gets to drain and exit after SIGTERM (SGLang checks for it every 5 s).
+STOP_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -125,14 +127,37 @@ def running_server(models: DemoModels, extra: Optional[List[str]] = None, config
         wait_healthy(base_url, proc, timeout_s)
         yield base_url, proc
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_server(proc)
         if log:
             log.close()
+
+
+def stop_server(proc: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop a launched server the way SGLang shuts down cleanly.
+
+    SIGTERM goes to the launcher process only: its tokenizer manager drains the running requests,
+    stops its subprocess watchdog, asks the schedulers to exit (``ShutdownReq``) and then ends its
+    process tree. Signalling the whole process group instead kills the scheduler first, which the
+    watchdog reports as a crash ("Subprocess scheduler_0 ... crashed", SIGQUIT). Only a server that
+    has not exited after ``timeout_s`` (or a second Ctrl-C) gets SIGKILL, to its whole group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            print(f"[demo] server did not stop within {timeout_s:.0f} s of SIGTERM; killing it", flush=True)
+            _kill_group(proc.pid)
+            proc.wait()
+    _kill_group(proc.pid)  # anything of the server's session still alive
+
+
+def _kill_group(pgid: int) -> None:
+    if pgid <= 1:  # never signal init / every process (a fake or unstarted Popen)
+        return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -145,6 +170,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     args, extra = ap.parse_known_args(argv)
 
     models = pick_models()
+    try:
+        return _serve_and_ask(models, args, extra)
+    except KeyboardInterrupt:  # Ctrl-C: running_server has already stopped the server cleanly
+        print("\n[demo] interrupted; server stopped", flush=True)
+        return 130
+
+
+def _serve_and_ask(models: DemoModels, args: argparse.Namespace, extra: List[str]) -> int:
     with running_server(models, extra, args.config, args.log, args.timeout) as (base_url, proc):
         t0 = time.time()
         out = ask(base_url, models.target, args.question)
