@@ -171,6 +171,9 @@ def register_hooks() -> None:
     from sglang_ext.engine.draft_capture import register_hooks as register_draft_capture_hooks
 
     register_draft_capture_hooks()
+    from sglang_ext.engine.metrics import register_hooks as register_metrics_hooks
+
+    register_metrics_hooks()  # D-Cut / SpecExit on /metrics (patches/prometheus_metrics.md)
     for target, hook in ((HOOK_GET_INIT_INFO, after_get_init_info),
                          (HOOK_GET_INTERNAL_STATE, after_get_internal_state),
                          (HOOK_UPDATE_HANDLERS, after_update_handlers)):
