@@ -684,7 +684,7 @@ def what_if_table(res: dict, table_path: str) -> dict:
 
     Examples
     --------
-    ``python bench/dcut_throughput.py --what-if bench/results/dcut_throughput_trained_cpu_interleaved.json
+    ``python bench/dcut_throughput.py --what-if bench/results/dcut_throughput_trained_cpu_chain16.json
     --what-if-table gpu_cost.json``
     """
     import torch

@@ -1,11 +1,11 @@
 """``bench/dcut_throughput.py --what-if RESULT --what-if-table TABLE.json``: pure replay, no engine.
 
-Replays the committed trained-model result (``bench/results/dcut_throughput_trained_cpu_interleaved.json``,
-N = 16 draft tokens, batch sizes 1..64) against small hand-written cost tables and checks the printed tier
-choice, keep ratio and speed-ups against values computed here from the recorded survival curves (top-K
-sums of ``bs`` copies of the curve, utilities ``(bs + S) / C``, argmax). Also: a flat table keeps full
-verification, a table without a row for the largest batch size reports the fallback, the
-``profile_cost.py --json`` wrapper is accepted, and the old ``--what-if-verify-scale`` replay still runs.
+Replays the committed trained-model result (``bench/results/dcut_throughput_trained_cpu_chain16.json``:
+the 15-step chain, N = 16 draft tokens, batch sizes 1..64) against small hand-written cost tables and
+checks the printed tier choice, keep ratio and speed-ups against values computed here from the recorded
+survival curves (top-K sums of ``bs`` copies of the curve, utilities ``(bs + S) / C``, argmax). Also: a
+flat table keeps full verification, a table without a row for the largest batch size reports the
+fallback, the ``profile_cost.py --json`` wrapper is accepted, and the old ``--what-if-verify-scale`` replay still runs.
 
 Budget: < 20 s CI (each call imports torch and replays 5 batch sizes).
 """
@@ -21,7 +21,7 @@ import pytest
 import bench_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RESULT = os.path.join(ROOT, "bench", "results", "dcut_throughput_trained_cpu_interleaved.json")
+RESULT = os.path.join(ROOT, "bench", "results", "dcut_throughput_trained_cpu_chain16.json")
 TIERS = [0.25, 0.5, 0.75, 1.0]
 BS = [1, 4, 16, 32, 64]
 N = 16
