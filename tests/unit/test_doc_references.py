@@ -28,7 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCANNED_DIRS = ("sglang_ext", "tests", "bench", "patches", "configs", "docs", "scripts", "examples")
 SCANNED_TOP_FILES = ("README.md", "pyproject.toml")
 SCANNED_SUFFIXES = (".py", ".md", ".yaml", ".yml", ".sh", ".toml", ".txt")
-SKIPPED_DIRS = {".venv", "__pycache__", "results", "models", "sglang_ext.egg-info", ".git"}
+SKIPPED_DIRS = {".venv", "__pycache__", "sglang_ext.egg-info", ".git"}
+SKIPPED_PATHS = ("bench/results", "sglang_ext/testbed/models")  # recorded results, model files
 
 # Design notes that were never part of the repository (spelled in pieces so this file does not
 # name them itself).
@@ -49,7 +50,9 @@ def scanned_files() -> List[str]:
     out = [os.path.join(ROOT, f) for f in SCANNED_TOP_FILES if os.path.isfile(os.path.join(ROOT, f))]
     for top in SCANNED_DIRS:
         for dirpath, dirnames, files in os.walk(os.path.join(ROOT, top)):
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
+            rel = os.path.relpath(dirpath, ROOT)
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS
+                                 and os.path.join(rel, d).replace(os.sep, "/") not in SKIPPED_PATHS)
             out.extend(os.path.join(dirpath, f) for f in sorted(files) if f.endswith(SCANNED_SUFFIXES))
     return [p for p in out if os.path.abspath(p) != THIS_FILE]
 
@@ -161,7 +164,8 @@ def test_tracked_files_are_scanned_too():
     scanned = {os.path.relpath(p, ROOT) for p in scanned_files() + [THIS_FILE]}
     missed = [f for f in listed.stdout.splitlines()
               if f.endswith(SCANNED_SUFFIXES) and f not in scanned and os.path.isfile(os.path.join(ROOT, f))
-              and not any(part in SKIPPED_DIRS for part in f.split("/")[:-1])]
+              and not any(part in SKIPPED_DIRS for part in f.split("/")[:-1])
+              and not f.startswith(tuple(p + "/" for p in SKIPPED_PATHS))]
     assert not missed, f"text files outside the scanned folders: {missed}"
 
 
