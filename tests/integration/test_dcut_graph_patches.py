@@ -232,6 +232,8 @@ def _backend(r2t, wrapper, keys_asked):
                                                  q_data_type=torch.bfloat16, data_type=torch.bfloat16)
     be.num_wrappers = 1
     be.prefill_wrappers_verify = [wrapper]
+    be._dcut_graph_buffers, be._dcut_graph_max_bs, be._dcut_max_context_len = None, MAX_BS, 16
+    be.workspace_buffer = torch.zeros(8, dtype=torch.uint8)
 
     def dcut_wrappers(bs, num_tokens, use_custom_mask):  # the (bs, T) graph wrapper (FlashInfer on GPU)
         keys_asked.append((bs, num_tokens, use_custom_mask))
@@ -345,17 +347,21 @@ def test_compacted_step_replays_a_padded_tier_graph():
 
     assert asked == [(4, 8, True)]  # the (bs, T) graph wrapper of the flashinfer_dcut backend
     (qo, kv_ip, kv_idx, last, hq, hkv, d, page), kw = wrapper.plans[-1]
-    assert qo.tolist() == [0, 3, 5, 6, 6]  # padding request: no rows; rows 6..7 belong to no request
+    # zero-row request 3 (graph's bs 4); rows 6..7 form the plan's padding request (sink keys only)
+    assert qo.tolist() == [0, 3, 5, 6, 6, 8]
     want_ip, want_idx = [0], []
     for bi, u_list in enumerate([[0, 1, 3], [0, 2], [0]]):
         p = int(prefix[bi])
         want_idx += r2t[int(rp[bi]), :p].tolist() + [int(r2t[int(rp[bi]), p + u]) for u in u_list]
         want_ip.append(len(want_idx))
-    want_idx += r2t[0, :FILL].tolist()  # padding request: the fill-value prefix of request row 0
+    want_idx += r2t[0, :FILL].tolist()  # zero-row request: the fill-value prefix of request row 0
+    want_ip.append(len(want_idx))
+    want_idx += [fv.SINK_SLOT] * 3  # padding request: 2 rows over 3 sink keys
     want_ip.append(len(want_idx))
     assert kv_ip.tolist() == want_ip and kv_idx.tolist() == want_idx
-    assert last.tolist() == [1, 1, 1, 1] and (hq, hkv, d, page) == (8, 2, 16, fv.PAGE_SIZE)
-    assert kw["causal"] is False and torch.equal(kw["custom_mask"], mask)  # mask unchanged: no cells added
+    assert last.tolist() == [1] * 5 and (hq, hkv, d, page) == (8, 2, 16, fv.PAGE_SIZE)
+    assert kw["causal"] is False and torch.equal(kw["custom_mask"][: mask.numel()], mask)  # live cells unchanged
+    assert bool(kw["custom_mask"][mask.numel():].all())  # the padding request's cells (and spare ones)
 
 
 def test_eager_fallback_and_uniform_batches_go_to_sglang():
@@ -434,8 +440,12 @@ def test_capture_of_tier_graphs(monkeypatch):
     assert asked == [(k.batch_size, k.num_tokens, True) for k in reversed(keys)]
     for (qo, kv_ip, kv_idx, *_), kw in wrapper.plans:  # each capture plan has exactly T rows, a valid mask
         t = int(qo[-1])
-        assert t in {k.num_tokens for k in keys} and kw["custom_mask"].numel() == dg.capture_mask(
-            (qo[1:] - qo[:-1]).tolist(), CAPTURE_SEQ).numel()  # prefix = the capture batch's seq_lens
+        assert t in {k.num_tokens for k in keys} and int(qo[-2]) == t  # the padding request has no rows
+        cells = dg.capture_mask((qo[1:-1] - qo[:-2]).tolist(), CAPTURE_SEQ).numel()  # prefix = capture seq_lens
+        assert kw["custom_mask"].numel() == cells + t * (t + 1) and bool(kw["custom_mask"].all())
+    pool = r.attn_backend._dcut_graph_buffers  # reserved once, before the first tier capture, for every key
+    assert pool is not None and all(
+        pool.fits(fv.graph_buffer_sizes(k.batch_size, k.num_tokens, r.attn_backend._dcut_max_context_len)) for k in keys)
     assert r._make_graph_key(4) == ShapeKey(size=4)  # outside a tier capture: SGLang's key
 
     # an unsupported configuration captures SGLang's graphs only

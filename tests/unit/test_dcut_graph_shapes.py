@@ -130,8 +130,9 @@ def _keys_of(r2t, rp, prefix, kept_cols_per_req):
 @pytest.mark.parametrize("tree", [True, False])
 def test_padded_plan_keeps_real_rows_and_drops_padding(tree):
     """A live compacted step (3 requests, W rows incl. one D-Cut pad row) planned into a (5, T) graph:
-    the real rows' outputs equal the unpadded plan's, padding requests own no rows and no mask
-    cells, and the rows past the last request are left out (zero in the reference)."""
+    the real rows' outputs equal the unpadded plan's, zero-row padding requests own no rows and no
+    mask cells, and the rows past the last live request form the plan's padding request (sink keys
+    only)."""
     from sglang_ext.dcut import build_full_mask, compact_tree, retrive_from_parents
 
     gen = torch.Generator().manual_seed(5)
@@ -165,11 +166,19 @@ def test_padded_plan_keeps_real_rows_and_drops_padding(tree):
 
     kept_cols = [[u for u in range(n) if keep[b, u]] for b in range(raw_bs)]
     ip, idx = _keys_of(r2t, rp_pad, p_pad, kept_cols + [[]] * (bs - raw_bs))
+    pad_rows = t - kept_total  # the plan's padding request: these rows over pad_rows + 1 sink keys
+    ip.append(ip[-1] + pad_rows + 1)
+    idx += [fv.SINK_SLOT] * (pad_rows + 1)
     assert padded.kv_indptr.tolist() == ip and padded.kv_indices.tolist() == idx
-    assert padded.qo_indptr.tolist()[raw_bs:] == [kept_total] * (bs - raw_bs + 1)
+    assert padded.qo_indptr.tolist()[raw_bs:] == [kept_total] * (bs - raw_bs + 1) + [t]
+    assert padded.batch_size == bs and padded.num_requests == bs + fv.PAD_REQUESTS
     if tree:
-        assert int(padded.mask_indptr[-1]) == int(live.mask_indptr[-1]) == mask.numel()  # no cells added
-        assert torch.equal(padded.packed_mask, live.packed_mask)
+        # zero-row requests add no cells; the padding request's cells follow the live ones
+        assert int(padded.mask_indptr[bs]) == int(live.mask_indptr[raw_bs]) == mask.numel()
+        assert int(padded.mask_indptr[-1]) - mask.numel() == pad_rows * (pad_rows + 1)
+        live_cells = fv.unpack_mask_segments(live.packed_mask, live.mask_indptr)[: mask.numel()]
+        assert torch.equal(fv.unpack_mask_segments(padded.packed_mask, padded.mask_indptr)[: mask.numel()], live_cells)
+        assert torch.equal(live_cells, mask)
 
     slots = int(r2t.max()) + 1
     hq, hkv, d = 4, 2, 8
@@ -179,7 +188,9 @@ def test_padded_plan_keeps_real_rows_and_drops_padding(tree):
     out_pad = fv.paged_attention_reference(q, k_cache, v_cache, padded, d ** -0.5)
     out_live = fv.paged_attention_reference(q[:width], k_cache, v_cache, live, d ** -0.5)
     assert torch.allclose(out_pad[:kept_total], out_live[:kept_total], atol=1e-6)
-    assert out_pad[kept_total:].abs().max() == 0
+    # padding rows attend only to sink copies: their output is the sink's value (dropped later)
+    sink_v = v_cache[fv.SINK_SLOT].repeat_interleave(hq // hkv, dim=0)
+    assert torch.allclose(out_pad[kept_total:], sink_v.expand(t - kept_total, hq, d), atol=1e-6)
 
 
 def test_capture_layout_and_mask():
@@ -217,16 +228,17 @@ def test_capture_plan_is_valid_for_the_backend_planning():
         c = lay.verify_lens.tolist()
         vp = fv.plan_verify(wip, wkv, p, lay.qo_indptr, fv.chain_kept_cols(lay.qo_indptr, t),
                             dg.capture_mask(c, fill), num_tokens=t)
-        assert int(vp.qo_indptr[-1]) == t == vp.num_tokens
+        assert int(vp.qo_indptr[-1]) == t == vp.num_tokens and int(vp.qo_indptr[-2]) == t  # no padding rows
         assert int(vp.mask_indptr[-1]) == dg.capture_mask(c, fill).numel()
-        assert vp.kv_indptr.tolist() == [sum(fill + q for q in c[:i]) for i in range(bs + 1)]
+        assert vp.kv_indptr.tolist() == [sum(fill + q for q in c[:i]) for i in range(bs + 1)] + [
+            sum(fill + q for q in c) + 1]  # the padding request: one sink key
 
 
 # ----------------------------------------------------------------------------- eligibility and switches
 def test_unsupported_reasons():
     keys = ["not_target_verify", "draft_worker", "sglang_ragged_mode", "graph_backend_not_full",
             "attention_backend_not_dcut", "pdmux", "two_batch_overlap", "lora", "mlp_sync", "attention_variants",
-            "pipeline", "encoder_decoder", "hisparse", "no_prunable_width"]
+            "pipeline", "encoder_decoder", "hisparse", "multiple_attention_wrappers", "no_prunable_width"]
     assert dg.tier_graph_unsupported_reason() is None
     assert dg.tier_graph_unsupported_reason(**{k: False for k in keys}) is None
     reasons = [dg.tier_graph_unsupported_reason(**{k: True}) for k in keys]

@@ -179,13 +179,19 @@ def test_plan_matches_torch_backend_on_pruned_batches(tree, ratio):
     assert torch.equal(qo, c.ct.qo_indptr)
     vp = fv.plan_verify(wip, wkv, c.p, qo, fv.kept_cols_from_index(c.ct.kept_index, c.n), c.mask,
                         num_tokens=c.width)
-    assert vp.num_tokens == c.width and vp.batch_size == 5
-    assert vp.kv_indptr.tolist() == fv._exclusive(c.p + c.ct.counts).tolist()
-    assert torch.equal(vp.mask_indptr, build_full_mask(c.ct.tree_block, c.ct.counts, c.p)[1])
+    assert vp.num_tokens == c.width and vp.batch_size == 5 and vp.num_requests == 5 + fv.PAD_REQUESTS
+    pad_rows = c.width - c.total  # the padding request: the rows past the kept ones, pad_rows + 1 sink keys
+    assert vp.qo_indptr.tolist() == qo.tolist() + [c.width]  # q.shape[0] == qo_indptr[-1] (FlashInfer's check)
+    assert vp.kv_indptr.tolist() == fv._exclusive(torch.cat([c.p + c.ct.counts, torch.tensor([pad_rows + 1])])).tolist()
+    assert vp.kv_indices[int(vp.kv_indptr[-2]):].tolist() == [fv.SINK_SLOT] * (pad_rows + 1)
+    if tree:
+        assert torch.equal(vp.mask_indptr[:-1], build_full_mask(c.ct.tree_block, c.ct.counts, c.p)[1])
+        assert int(vp.mask_indptr[-1] - vp.mask_indptr[-2]) == pad_rows * (pad_rows + 1)
     ref = _torch_backend(c)
     got = fv.paged_attention_reference(c.q, c.k_cache, c.v_cache, vp, sm_scale=0.35)
     assert torch.allclose(got[: c.total], ref[: c.total], atol=1e-10)
-    assert torch.count_nonzero(got[c.total:]) == 0
+    sink_v = c.v_cache[fv.SINK_SLOT].repeat_interleave(c.q.shape[1] // c.k_cache.shape[1], dim=0)
+    assert torch.allclose(got[c.total:], sink_v.expand_as(got[c.total:]), atol=1e-10)  # padding rows: sink only
     if not tree:  # chains: the causal (maskless) plan is the same attention
         vc = fv.plan_verify(wip, wkv, c.p, qo, fv.chain_kept_cols(qo, c.width), None, num_tokens=c.width)
         assert vc.causal and vc.packed_mask is None and torch.equal(vc.kv_indices, vp.kv_indices)
@@ -245,10 +251,10 @@ def test_graph_buffer_sizes_bound_every_plan_of_the_graph():
             p = torch.randint(0, max_ctx - n + 1, (bs,), generator=gen)
             p[0] = max_ctx - int(counts[0])  # one request at the context limit
             qo = fv.ragged_qo_indptr(counts)
-            kv_ip = fv._exclusive(p + counts)
-            m_ip = fv.mask_indptr_from(qo, kv_ip)
-            packed, _ = fv.pack_mask_segments(torch.ones(int(m_ip[-1]), dtype=torch.bool), m_ip)
-            assert int(kv_ip[-1]) <= sizes.kv_indices and packed.numel() <= sizes.packed_mask
+            wip, wkv = fv.window_kv(torch.arange(1, bs * (max_ctx + n) + 1).view(bs, -1), torch.arange(bs), p, n)
+            mask = torch.ones(int((counts * (p + counts)).sum()), dtype=torch.bool)
+            vp = fv.plan_verify(wip, wkv, p, qo, fv.chain_kept_cols(qo, t), mask, num_tokens=t)  # + padding request
+            assert vp.kv_indices.numel() <= sizes.kv_indices and vp.packed_mask.numel() <= sizes.packed_mask
 
 
 # ----------------------------------------------------------------------------- the GPU script, dry run

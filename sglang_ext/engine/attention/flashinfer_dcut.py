@@ -69,6 +69,8 @@ __all__ = [
     "VerifyGraphShape",
     "VerifyPlan",
     "GraphBufferSizes",
+    "SharedGraphBuffers",
+    "PAD_REQUESTS",
     "ragged_qo_indptr",
     "window_kv",
     "kept_cols_from_index",
@@ -84,11 +86,15 @@ __all__ = [
     "padded_num_tokens",
     "capture_counts",
     "graph_buffer_sizes",
+    "shared_graph_buffer_sizes",
+    "ragged_verify_unsupported_reason",
     "paged_attention_reference",
     "flashinfer_available",
     "make_prefill_wrapper",
     "plan_prefill_wrapper",
     "flashinfer_dcut_backend_class",
+    "add_draft_backend_alias",
+    "around_dflash_verify_mask_policy",
     "register",
 ]
 
@@ -100,6 +106,12 @@ SINK_SLOT = 0
 """KV slot that padding rows write to (SGLang's sink; never part of a request's keys)."""
 NO_COL = -1
 """Local window column of a padding row in ``kept_cols`` (same value as ``PAD_INDEX``)."""
+DRAFT_BACKEND_BASE = "flashinfer"
+"""Name under which SGLang's ``DraftBackendFactory`` builds the draft backends ``flashinfer_dcut`` uses."""
+HOOK_DFLASH_MASK_POLICY = "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy"
+BACKEND_CLASS_NAME = "FlashInferDCutBackend"
+"""Class name of the backend subclass (what SGLang's DFlash mask policy reads)."""
+BASE_CLASS_NAME = "FlashInferAttnBackend"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -236,12 +248,21 @@ def select_kept_kv(
     prefix_lens: torch.Tensor,  # [batch_size]
     qo_indptr: torch.Tensor,  # [batch_size + 1] ragged query offsets
     kept_cols: torch.Tensor,  # [num_tokens] local window column per ragged row (NO_COL on padding)
-) -> Tuple[torch.Tensor, torch.Tensor]:  # [batch_size + 1] int32, [sum(prefix_lens + counts)] int32
+    num_tokens: Optional[int] = None,
+    prefix_total: Optional[int] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:  # [num_requests + 1] int32, [kv_total] int32
     """Keys of a pruned verify: each request's prefix, then its kept window slots in row order.
 
     Kept nodes write their KV into their own window slots (D-Cut never moves them), so request
     ``b``'s key list is ``prefix`` followed by ``window[p_b + kept_cols[r]]`` for its rows ``r``.
-    One host sync (the total length).
+
+    With ``num_tokens`` (the forward's row count) a **padding request** is appended
+    (``num_requests = batch_size + 1``): it owns the rows ``qo_indptr[-1] .. num_tokens`` and
+    ``num_tokens - qo_indptr[-1] + 1`` keys, all :data:`SINK_SLOT` (at least one key, so a
+    causal or masked row always sees one), and the key total is ``sum(prefix_lens) +
+    num_tokens + 1`` whatever was kept. Host syncs: none when ``num_tokens`` and
+    ``prefix_total`` (the host-known ``sum(prefix_lens)``, SGLang's ``seq_lens_sum``) are given,
+    else one (the total length).
 
     Examples
     --------
@@ -251,23 +272,42 @@ def select_kept_kv(
     ...                          torch.tensor([2]), torch.tensor([0, 2]), torch.tensor([0, 2]))
     >>> ip.tolist(), idx.tolist()
     ([0, 4], [10, 11, 12, 14])
+
+    The same in a forward of 3 rows: the padding request has 1 row and 2 sink keys.
+
+    >>> ip, idx = select_kept_kv(torch.tensor([0, 6]), torch.tensor([10, 11, 12, 13, 14, 15]),
+    ...                          torch.tensor([2]), torch.tensor([0, 2]), torch.tensor([0, 2, -1]), 3, 2)
+    >>> ip.tolist(), idx.tolist()
+    ([0, 4, 6], [10, 11, 12, 14, 0, 0])
     """
     p = prefix_lens.to(torch.int64)
+    bs = p.shape[0]
     qo = qo_indptr.to(device=p.device, dtype=torch.int64)
     counts = qo[1:] - qo[:-1]
-    lens = p + counts
+    lens = p + counts  # [batch_size]
+    total: Optional[int] = None
+    if num_tokens is not None:
+        pad_keys = (int(num_tokens) + 1) - qo[-1:]  # [1] padding rows + 1
+        lens = torch.cat([lens, pad_keys])  # [batch_size + 1]
+        if prefix_total is not None:
+            total = int(prefix_total) + int(num_tokens) + 1
     indptr = _exclusive(lens)
-    total = int(indptr[-1].item())
+    if total is None:
+        total = int(indptr[-1].item())
     seg, within = _segments(lens, total)
-    p_e = p.index_select(0, seg)
+    is_pad = seg >= bs  # the padding request's keys
+    seg_c = seg.clamp(max=bs - 1)
+    p_e = p.index_select(0, seg_c)
     is_prefix = within < p_e
-    row = qo.index_select(0, seg) + (within - p_e).clamp(min=0)
-    row = torch.where(is_prefix, torch.zeros_like(row), row)
+    row = qo.index_select(0, seg_c) + (within - p_e).clamp(min=0)
+    row = torch.where(is_prefix | is_pad, torch.zeros_like(row), row)
     col = kept_cols.to(device=p.device, dtype=torch.int64)
     col = col.index_select(0, row.clamp(max=max(col.shape[0] - 1, 0))) if col.numel() else row
     offset = torch.where(is_prefix, within, p_e + col)
-    src = window_kv_indptr.to(device=p.device, dtype=torch.int64).index_select(0, seg) + offset
+    src = window_kv_indptr.to(device=p.device, dtype=torch.int64).index_select(0, seg_c) + offset
+    src = torch.where(is_pad, torch.zeros_like(src), src)
     kv = window_kv_indices.index_select(0, src)
+    kv = torch.where(is_pad, torch.full_like(kv, SINK_SLOT), kv)
     return indptr.to(torch.int32), kv.to(torch.int32)
 
 
@@ -343,50 +383,86 @@ def unpack_mask_segments(
 
 
 # ----------------------------------------------------------------------------- the plan
+PAD_REQUESTS = 1
+"""Requests a :class:`VerifyPlan` has beyond the batch: the padding request that owns the rows
+between the kept total ``qo_indptr[-1]`` of the live requests and the forward's ``num_tokens``."""
+
+
 @dataclass(frozen=True)
 class VerifyPlan:
     """Everything ``BatchPrefillWithPagedKVCacheWrapper.plan`` needs for one pruned verify.
 
+    The plan has ``num_requests = batch_size + PAD_REQUESTS`` requests: the live ones, then the
+    padding request, whose rows (the forward's rows past the kept ones: the tier rounding, the
+    rows of ineligible candidates, a graph's spare rows) attend only to copies of
+    :data:`SINK_SLOT`. So ``qo_indptr[-1] == num_tokens`` always, which FlashInfer's ``run()``
+    checks (``q.shape[0] == qo_indptr[-1]``), and a CUDA-graph wrapper always sees the same
+    request count. The padding rows' outputs are dropped by D-Cut's scatter-back.
+
     Attributes
     ----------
     qo_indptr : torch.Tensor
-        ``[batch_size + 1]`` int32 ragged query offsets (leading 0).
+        ``[num_requests + 1]`` int32 ragged query offsets (leading 0, last ``num_tokens``).
     kv_indptr : torch.Tensor
-        ``[batch_size + 1]`` int32 key offsets (page size 1: one page per token).
+        ``[num_requests + 1]`` int32 key offsets (page size 1: one page per token).
     kv_indices : torch.Tensor
-        ``[kv_indptr[-1]]`` int32 KV slots (prefix, then kept window slots).
+        ``[kv_indptr[-1]]`` int32 KV slots (prefix, then kept window slots; the padding
+        request's sink copies last).
     kv_last_page_len : torch.Tensor
-        ``[batch_size]`` int32, all 1 (page size 1).
+        ``[num_requests]`` int32, all 1 (page size 1).
     custom_mask : torch.Tensor or None
-        ``[mask_len]`` bool FULL-layout mask; ``None``: causal (chains).
+        ``[>= mask_indptr[-1]]`` bool FULL-layout mask (the padding request's cells all True;
+        cells past ``mask_indptr[-1]`` are never read); ``None``: causal (chains).
     mask_indptr : torch.Tensor or None
-        ``[batch_size + 1]`` int64 offsets of ``custom_mask``.
-    packed_mask : torch.Tensor or None
-        ``[packed_len]`` uint8 (:func:`pack_mask_segments`).
-    packed_mask_indptr : torch.Tensor or None
-        ``[batch_size + 1]`` int32.
+        ``[num_requests + 1]`` int64 offsets of ``custom_mask``.
     num_tokens : int
-        Query rows of the forward (``>= qo_indptr[-1]``; the rest are padding lanes).
+        Query rows of the forward (``== qo_indptr[-1]``).
     """
 
-    qo_indptr: torch.Tensor  # [batch_size + 1]
-    kv_indptr: torch.Tensor  # [batch_size + 1]
+    qo_indptr: torch.Tensor  # [num_requests + 1]
+    kv_indptr: torch.Tensor  # [num_requests + 1]
     kv_indices: torch.Tensor  # [nnz]
-    kv_last_page_len: torch.Tensor  # [batch_size]
-    custom_mask: Optional[torch.Tensor]  # [mask_len]
-    mask_indptr: Optional[torch.Tensor]  # [batch_size + 1]
-    packed_mask: Optional[torch.Tensor]  # [packed_len]
-    packed_mask_indptr: Optional[torch.Tensor]  # [batch_size + 1]
+    kv_last_page_len: torch.Tensor  # [num_requests]
+    custom_mask: Optional[torch.Tensor]  # [>= mask_indptr[-1]]
+    mask_indptr: Optional[torch.Tensor]  # [num_requests + 1]
     num_tokens: int
 
     @property
-    def batch_size(self) -> int:
+    def num_requests(self) -> int:
+        """Requests of the plan, the padding request included."""
         return self.qo_indptr.shape[0] - 1
+
+    @property
+    def batch_size(self) -> int:
+        """Live requests (the padding request excluded)."""
+        return self.num_requests - PAD_REQUESTS
 
     @property
     def causal(self) -> bool:
         """True when the plan has no custom mask (chains: bottom-right causal)."""
         return self.custom_mask is None
+
+    def packed(self) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``(packed mask [packed_len] uint8, packed offsets [num_requests + 1] int32)`` or ``(None, None)``.
+
+        What FlashInfer's ``plan`` packs from :attr:`custom_mask` (:func:`pack_mask_segments`);
+        computed on demand for the reference and tests (two host syncs), never on the serving path.
+        """
+        if self.custom_mask is None:
+            return None, None
+        return pack_mask_segments(self.custom_mask, self.mask_indptr)
+
+    @property
+    def packed_mask(self) -> Optional[torch.Tensor]:  # [packed_len] uint8
+        return self.packed()[0]
+
+    @property
+    def packed_mask_indptr(self) -> Optional[torch.Tensor]:  # [num_requests + 1] int32
+        return self.packed()[1]
+
+
+_TRUE = torch.ones(1, dtype=torch.bool)
+"""One True cell; expanded (no allocation) into the padding request's mask cells."""
 
 
 def plan_verify(
@@ -397,8 +473,9 @@ def plan_verify(
     kept_cols: torch.Tensor,  # [num_tokens] local window column per row, NO_COL on padding
     custom_mask: Optional[torch.Tensor] = None,  # [mask_len] bool compact FULL layout, None = causal
     num_tokens: Optional[int] = None,
+    prefix_total: Optional[int] = None,
 ) -> VerifyPlan:
-    """Plan one pruned verify for FlashInfer (ragged queries, kept keys, packed mask).
+    """Plan one pruned verify for FlashInfer (ragged queries, kept keys, mask, padding request).
 
     Parameters
     ----------
@@ -408,7 +485,7 @@ def plan_verify(
     prefix_lens : torch.Tensor
         ``[batch_size]`` committed lengths.
     qo_indptr : torch.Tensor
-        ``[batch_size + 1]`` ragged query offsets (:func:`ragged_qo_indptr`).
+        ``[batch_size + 1]`` ragged query offsets of the kept rows (:func:`ragged_qo_indptr`).
     kept_cols : torch.Tensor
         ``[num_tokens]`` local window column of each ragged row (:func:`kept_cols_from_index` or
         :func:`chain_kept_cols`).
@@ -416,7 +493,11 @@ def plan_verify(
         Compact FULL-layout tree mask (:func:`sglang_ext.dcut.build_full_mask` over the
         compacted tree block); ``None`` plans a causal verify (chains only).
     num_tokens : int, optional
-        Query rows of the forward (a tier's padded size); defaults to ``len(kept_cols)``.
+        Query rows of the forward (a tier's width, or a graph's padded size); defaults to
+        ``len(kept_cols)``. The rows past ``qo_indptr[-1]`` form the padding request.
+    prefix_total : int, optional
+        Host-known ``sum(prefix_lens)`` (SGLang's ``seq_lens_sum``): planning then reads nothing
+        back from the device; without it, one host sync.
 
     Returns
     -------
@@ -425,31 +506,35 @@ def plan_verify(
     Examples
     --------
     One request, prefix 2, window of 4, nodes {0, 2} kept (causal would be wrong here, so a
-    mask is given: node 2 sees the root and itself)::
+    mask is given: node 2 sees the root and itself), in a forward of 3 rows::
 
     >>> wip, wkv = torch.tensor([0, 6]), torch.arange(10, 16)
     >>> m = torch.tensor([1, 1, 1, 0, 1, 1, 1, 1], dtype=torch.bool)
-    >>> vp = plan_verify(wip, wkv, torch.tensor([2]), torch.tensor([0, 2]), torch.tensor([0, 2]), m)
-    >>> vp.kv_indices.tolist(), vp.mask_indptr.tolist(), vp.packed_mask.tolist()
-    ([10, 11, 12, 14], [0, 8], [247])
+    >>> vp = plan_verify(wip, wkv, torch.tensor([2]), torch.tensor([0, 2]), torch.tensor([0, 2, -1]), m)
+    >>> vp.qo_indptr.tolist(), vp.kv_indices.tolist(), vp.mask_indptr.tolist(), vp.packed_mask.tolist()
+    ([0, 2, 3], [10, 11, 12, 14, 0, 0], [0, 8, 10], [247, 3])
     """
     bs = qo_indptr.shape[0] - 1
-    kv_indptr, kv_indices = select_kept_kv(window_kv_indptr, window_kv_indices, prefix_lens, qo_indptr, kept_cols)
-    last = torch.ones(bs, dtype=torch.int32, device=kv_indices.device)
-    mask_ip = packed = packed_ip = None
+    rows = int(kept_cols.shape[0] if num_tokens is None else num_tokens)
+    qo = qo_indptr.to(torch.int32)
+    qo = torch.cat([qo, torch.full((PAD_REQUESTS,), rows, dtype=torch.int32, device=qo.device)])
+    kv_indptr, kv_indices = select_kept_kv(window_kv_indptr, window_kv_indices, prefix_lens, qo_indptr, kept_cols,
+                                           num_tokens=rows, prefix_total=prefix_total)
+    last = torch.ones(bs + PAD_REQUESTS, dtype=torch.int32, device=kv_indices.device)
+    mask = mask_ip = None
     if custom_mask is not None:
-        mask_ip = mask_indptr_from(qo_indptr, kv_indptr)
-        packed, packed_ip = pack_mask_segments(custom_mask.to(torch.bool), mask_ip)
+        mask_ip = mask_indptr_from(qo, kv_indptr)
+        # the padding request has at most `rows` rows over `rows + 1` keys: append that many True cells
+        tail = _TRUE.to(custom_mask.device).expand(rows * (rows + 1))
+        mask = torch.cat([custom_mask.to(torch.bool).reshape(-1), tail])
     return VerifyPlan(
-        qo_indptr=qo_indptr.to(torch.int32),
+        qo_indptr=qo,
         kv_indptr=kv_indptr,
         kv_indices=kv_indices,
         kv_last_page_len=last,
-        custom_mask=None if custom_mask is None else custom_mask.to(torch.bool),
+        custom_mask=mask,
         mask_indptr=mask_ip,
-        packed_mask=packed,
-        packed_mask_indptr=packed_ip,
-        num_tokens=int(kept_cols.shape[0] if num_tokens is None else num_tokens),
+        num_tokens=rows,
     )
 
 
@@ -535,30 +620,58 @@ def capture_counts(batch_size: int, num_draft_tokens: int, num_tokens: int) -> L
 
 @dataclass(frozen=True)
 class GraphBufferSizes:
-    """Capacities of the fixed buffers one ``(bs, T)`` graph wrapper plans into.
+    """Capacities of the fixed buffers a ``(bs, T)`` graph wrapper plans into.
 
     ``kv_indices`` (int32 entries) and ``packed_mask`` (bytes) are upper bounds for any plan with
-    at most ``T`` rows whose requests have at most ``max_context_len`` keys each.
+    at most ``T`` rows whose requests have at most ``max_context_len`` keys each, the padding
+    request included; ``max_batch_size`` is the largest live batch of the graphs sharing them.
     """
 
     kv_indices: int
     packed_mask: int
+    max_batch_size: int = 0
 
 
 def graph_buffer_sizes(batch_size: int, num_tokens: int, max_context_len: int) -> GraphBufferSizes:
     """Buffer capacities for a ``(bs, T)`` verify graph (see :class:`GraphBufferSizes`).
 
-    Every request reads at most ``max_context_len`` keys; the mask has ``sum_b q_b * kv_b <=
-    T * max_context_len`` cells, packed per request (one partial byte each).
+    Every live request reads at most ``max_context_len`` keys, the padding request at most
+    ``T + 1``; the mask has ``sum_b q_b * kv_b <= T * max(max_context_len, T + 1)`` cells, packed
+    per request (one partial byte each, ``bs + 1`` requests).
 
     Examples
     --------
     >>> graph_buffer_sizes(4, 16, 100)
-    GraphBufferSizes(kv_indices=400, packed_mask=204)
+    GraphBufferSizes(kv_indices=417, packed_mask=205, max_batch_size=4)
     """
+    cells = int(num_tokens) * max(int(max_context_len), int(num_tokens) + 1)
     return GraphBufferSizes(
-        kv_indices=int(batch_size * max_context_len),
-        packed_mask=int(math.ceil(num_tokens * max_context_len / 8) + batch_size),
+        kv_indices=int(batch_size * max_context_len + num_tokens + 1),
+        packed_mask=int(math.ceil(cells / 8) + batch_size + PAD_REQUESTS),
+        max_batch_size=int(batch_size),
+    )
+
+
+def shared_graph_buffer_sizes(shapes: Sequence[Tuple[int, int]], max_context_len: int) -> GraphBufferSizes:
+    """One set of capacities that fits every ``(bs, T)`` graph of ``shapes`` (the elementwise max).
+
+    Graphs replay one at a time and each replay is planned right before it, so all tier graphs of
+    a backend can plan into the same fixed buffers (as SGLang's per-batch-size wrappers share
+    ``cuda_graph_kv_indices`` / ``cuda_graph_custom_mask``); only the buffers' sizes must fit the
+    largest graph.
+
+    Examples
+    --------
+    >>> shared_graph_buffer_sizes([(4, 16), (8, 8), (2, 32)], 100)
+    GraphBufferSizes(kv_indices=809, packed_mask=403, max_batch_size=8)
+    """
+    if not shapes:
+        raise ValueError("shared_graph_buffer_sizes: no graph shapes")
+    each = [graph_buffer_sizes(bs, t, max_context_len) for bs, t in shapes]
+    return GraphBufferSizes(
+        kv_indices=max(s.kv_indices for s in each),
+        packed_mask=max(s.packed_mask for s in each),
+        max_batch_size=max(s.max_batch_size for s in each),
     )
 
 
@@ -573,7 +686,8 @@ def paged_attention_reference(
     """What FlashInfer's paged prefill computes from ``plan``, in plain torch (float32 or wider math).
 
     Reads keys through ``kv_indices``, the mask through the *packed* mask (so a packing error
-    shows), causal bottom-right when there is no mask. Rows past ``qo_indptr[-1]`` are zero.
+    shows), causal bottom-right when there is no mask. The padding request's rows attend to its
+    sink keys like every other request's rows (rows past ``qo_indptr[-1]``, if any, stay zero).
     Used on CPU in place of FlashInfer (tests, the GPU script's dry run).
 
     Examples
@@ -593,12 +707,13 @@ def paged_attention_reference(
     qo = plan.qo_indptr.tolist()
     kv = plan.kv_indptr.tolist()
     mask = None
-    if plan.packed_mask is not None:
-        mask = unpack_mask_segments(plan.packed_mask, plan.mask_indptr)
+    packed, _ = plan.packed()
+    if packed is not None:
+        mask = unpack_mask_segments(packed, plan.mask_indptr)
         mask_ip = plan.mask_indptr.tolist()
     group = hq // hkv
     acc = torch.promote_types(q.dtype, torch.float32)
-    for b in range(plan.batch_size):
+    for b in range(plan.num_requests):
         q0, q1, k0, k1 = qo[b], qo[b + 1], kv[b], kv[b + 1]
         nq, nk = q1 - q0, k1 - k0
         if nq == 0:
@@ -638,25 +753,90 @@ def flashinfer_available() -> Tuple[bool, str]:
 
 @dataclass
 class WrapperBuffers:
-    """Fixed buffers of one CUDA-graph wrapper (addresses captured into the graph)."""
+    """Fixed buffers of one CUDA-graph wrapper (addresses captured into the graph).
 
-    qo_indptr: torch.Tensor  # [batch_size + 1] int32
-    kv_indptr: torch.Tensor  # [batch_size + 1] int32
+    Sized for ``batch_size`` live requests plus the padding request (:data:`PAD_REQUESTS`).
+    """
+
+    qo_indptr: torch.Tensor  # [batch_size + PAD_REQUESTS + 1] int32
+    kv_indptr: torch.Tensor  # [batch_size + PAD_REQUESTS + 1] int32
     kv_indices: torch.Tensor  # [capacity] int32
-    kv_last_page_len: torch.Tensor  # [batch_size] int32
+    kv_last_page_len: torch.Tensor  # [batch_size + PAD_REQUESTS] int32
     custom_mask: Optional[torch.Tensor]  # [capacity] uint8
-    mask_indptr: Optional[torch.Tensor]  # [batch_size + 1] int32
+    mask_indptr: Optional[torch.Tensor]  # [batch_size + PAD_REQUESTS + 1] int32
 
     @classmethod
     def allocate(cls, batch_size: int, sizes: GraphBufferSizes, use_custom_mask: bool, device) -> "WrapperBuffers":
-        z = dict(dtype=torch.int32, device=device)
-        return cls(
-            qo_indptr=torch.zeros(batch_size + 1, **z),
-            kv_indptr=torch.zeros(batch_size + 1, **z),
-            kv_indices=torch.zeros(sizes.kv_indices, **z),
-            kv_last_page_len=torch.ones(batch_size, **z),
-            custom_mask=torch.zeros(sizes.packed_mask, dtype=torch.uint8, device=device) if use_custom_mask else None,
-            mask_indptr=torch.zeros(batch_size + 1, **z) if use_custom_mask else None,
+        """Own buffers for one graph (the GPU script's single graphs); backends use :class:`SharedGraphBuffers`."""
+        return SharedGraphBuffers.allocate(
+            GraphBufferSizes(sizes.kv_indices, sizes.packed_mask, max(batch_size, sizes.max_batch_size)), device
+        ).view(batch_size, use_custom_mask)
+
+
+class SharedGraphBuffers:
+    """The fixed buffers every tier-graph wrapper of one backend plans into (one allocation each).
+
+    ``kv_indices`` ``[capacity]`` int32 and ``custom_mask`` ``[capacity]`` uint8 are shared whole;
+    the indptr buffers have ``max_batch_size + PAD_REQUESTS + 1`` entries and each wrapper gets
+    the leading ``bs + PAD_REQUESTS + 1`` (FlashInfer fixes a graph wrapper's batch size from its
+    buffers' lengths). Sharing is safe because each replay is re-planned right before it.
+    ``kv_indices`` / ``custom_mask`` may be SGLang's own ``cuda_graph_kv_indices[0]`` /
+    ``cuda_graph_custom_mask`` (:meth:`from_tensors`).
+
+    Examples
+    --------
+    >>> pool = SharedGraphBuffers.allocate(GraphBufferSizes(100, 50, 8), "cpu")
+    >>> a, b = pool.view(2, True), pool.view(8, False)
+    >>> a.qo_indptr.shape[0], b.qo_indptr.shape[0], a.kv_indices.data_ptr() == b.kv_indices.data_ptr()
+    (4, 10, True)
+    """
+
+    def __init__(self, kv_indices: torch.Tensor, custom_mask: torch.Tensor, max_batch_size: int):
+        n = int(max_batch_size) + PAD_REQUESTS
+        z = dict(dtype=torch.int32, device=kv_indices.device)
+        self.max_batch_size = int(max_batch_size)
+        self.kv_indices = kv_indices  # [kv capacity] int32
+        self.custom_mask = custom_mask  # [mask capacity] uint8
+        self.qo_indptr = torch.zeros(n + 1, **z)
+        self.kv_indptr = torch.zeros(n + 1, **z)
+        self.kv_last_page_len = torch.ones(n, **z)
+        self.mask_indptr = torch.zeros(n + 1, **z)
+
+    @classmethod
+    def allocate(cls, sizes: GraphBufferSizes, device) -> "SharedGraphBuffers":
+        return cls(torch.zeros(sizes.kv_indices, dtype=torch.int32, device=device),
+                   torch.zeros(sizes.packed_mask, dtype=torch.uint8, device=device), sizes.max_batch_size)
+
+    @classmethod
+    def from_tensors(cls, kv_indices: torch.Tensor, custom_mask: torch.Tensor, max_batch_size: int):
+        """Share existing key-index / mask buffers (e.g. SGLang's graph buffers); only the small
+        indptr buffers are allocated."""
+        return cls(kv_indices, custom_mask, max_batch_size)
+
+    def fits(self, sizes: GraphBufferSizes) -> bool:
+        """Whether a graph needing ``sizes`` fits these buffers."""
+        return (sizes.kv_indices <= self.kv_indices.numel() and sizes.packed_mask <= self.custom_mask.numel()
+                and sizes.max_batch_size <= self.max_batch_size)
+
+    def nbytes(self) -> int:
+        """Bytes of device memory these buffers hold (shared ones counted once)."""
+        ts = (self.kv_indices, self.custom_mask, self.qo_indptr, self.kv_indptr, self.kv_last_page_len,
+              self.mask_indptr)
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    def view(self, batch_size: int, use_custom_mask: bool) -> WrapperBuffers:
+        """Buffers for a graph wrapper of ``batch_size`` live requests (views, no allocation)."""
+        if batch_size > self.max_batch_size:
+            raise ValueError(f"{BACKEND_NAME}: tier graph of batch size {batch_size} exceeds the shared buffers' "
+                             f"{self.max_batch_size}")
+        n = int(batch_size) + PAD_REQUESTS
+        return WrapperBuffers(
+            qo_indptr=self.qo_indptr[: n + 1],
+            kv_indptr=self.kv_indptr[: n + 1],
+            kv_indices=self.kv_indices,
+            kv_last_page_len=self.kv_last_page_len[:n],
+            custom_mask=self.custom_mask if use_custom_mask else None,
+            mask_indptr=self.mask_indptr[: n + 1] if use_custom_mask else None,
         )
 
 
@@ -724,6 +904,22 @@ def plan_prefill_wrapper(
 
 
 # ----------------------------------------------------------------------------- SGLang backend
+def ragged_verify_unsupported_reason(num_wrappers: int) -> Optional[str]:
+    """Why a FlashInfer backend with ``num_wrappers`` wrappers cannot run a ragged verify, or None.
+
+    Sliding-window models (2 wrappers: window and full layers) and cross-attention models plan
+    each wrapper over a different key range; the ragged plan covers one (full-attention) range.
+
+    Examples
+    --------
+    >>> ragged_verify_unsupported_reason(1) is None, ragged_verify_unsupported_reason(2)
+    (True, 'sliding-window or cross-attention model (2 attention wrappers)')
+    """
+    if int(num_wrappers) == 1:
+        return None
+    return f"sliding-window or cross-attention model ({int(num_wrappers)} attention wrappers)"
+
+
 _backend_cls: Optional[type] = None
 
 
@@ -759,9 +955,16 @@ def flashinfer_dcut_backend_class() -> type:
 
         def __init__(self, model_runner, *args, **kwargs):
             super().__init__(model_runner, *args, **kwargs)
-            self._dcut_graph_wrappers = {}  # (bs, num_tokens) -> [wrapper per wrapper slot]
-            self._dcut_graph_buffers = {}
+            self._dcut_graph_wrappers = {}  # (bs, num_tokens, masked) -> [wrapper]
+            self._dcut_graph_buffers: Optional[SharedGraphBuffers] = None  # shared by every tier wrapper
+            self._dcut_graph_max_bs = 0
             self._dcut_max_context_len = int(model_runner.model_config.context_len)
+            reason = ragged_verify_unsupported_reason(self.num_wrappers)
+            if reason is not None:
+                # read by the D-Cut glue: it keeps full-width verify (links cut only) for this backend
+                self.supports_ragged_target_verify = False
+                logger.warning("%s: %s; D-Cut verifies at full width (pruned links only, no FLOPs saved)",
+                               BACKEND_NAME, reason)
 
         # ---------------------------------------------------------------- planning
         @staticmethod
@@ -782,10 +985,11 @@ def flashinfer_dcut_backend_class() -> type:
             uniform.ragged_verify_layout = None
             uniform.custom_mask = _uniform_mask_placeholder(spec, forward_batch.req_pool_indices.device)
             upd = self.indices_updater_prefill
+            prefix_total = int(forward_batch.seq_lens_sum)  # host-known: planning reads nothing back
             window_kv_indices, window_kv_indptr, _, _ = uniform.generate_attn_arg_prefill(
                 req_pool_indices=forward_batch.req_pool_indices,
                 paged_kernel_lens=forward_batch.seq_lens,
-                paged_kernel_lens_sum=int(forward_batch.seq_lens_sum),
+                paged_kernel_lens_sum=prefix_total,
                 translator=upd.attn_backend.kv_index_translator,
                 plan=forward_batch.kv_loc_plan,
             )
@@ -797,7 +1001,7 @@ def flashinfer_dcut_backend_class() -> type:
             )
             return plan_verify(
                 window_kv_indptr, window_kv_indices, forward_batch.seq_lens[:bs], qo_indptr, kept_cols,
-                custom_mask=spec.custom_mask, num_tokens=num_tokens,
+                custom_mask=spec.custom_mask, num_tokens=num_tokens, prefix_total=prefix_total,
             )
 
         def _plan_wrappers(self, wrappers, vp: VerifyPlan) -> None:
@@ -807,39 +1011,74 @@ def flashinfer_dcut_backend_class() -> type:
                     w, vp, upd.num_qo_heads, upd.num_kv_heads, upd.head_dim, upd.q_data_type, upd.data_type,
                 )
 
+        def _check_ragged_supported(self) -> None:
+            reason = ragged_verify_unsupported_reason(self.num_wrappers)
+            if reason is not None:  # the D-Cut glue never compacts for this backend (flag set in __init__)
+                raise RuntimeError(f"{BACKEND_NAME}: a compacted verify reached a backend that cannot run it "
+                                   f"({reason})")
+
         # ---------------------------------------------------------------- eager
         def init_forward_metadata(self, forward_batch):
             if not self._ragged(forward_batch):
                 return super().init_forward_metadata(forward_batch)
-            if self.num_wrappers != 1:
-                raise NotImplementedError(f"{BACKEND_NAME}: ragged verify with sliding-window/cross attention")
+            self._check_ragged_supported()
             self._plan_wrappers(self.prefill_wrappers_verify, self._verify_plan(forward_batch))
             self.forward_metadata = PrefillMetadata(self.prefill_wrappers_verify, False, False)
 
         # ---------------------------------------------------------------- graphs
+        def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+            super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+            self._dcut_graph_max_bs = int(max_bs)
+
+        def dcut_reserve_graph_buffers(self, shapes: Sequence[Tuple[int, int]]) -> SharedGraphBuffers:
+            """Fixed buffers for the tier graphs ``shapes`` = ``[(bs, T), ...]``, shared by all of them.
+
+            SGLang's own ``cuda_graph_kv_indices[0]`` / ``cuda_graph_custom_mask`` (allocated by
+            ``init_cuda_graph_state`` for the uniform graphs) are reused when large enough; else
+            one max-size set is allocated. Call before the first tier capture (buffers never move
+            once a graph holds their addresses).
+            """
+            if self._dcut_graph_buffers is not None:
+                return self._dcut_graph_buffers
+            sizes = shared_graph_buffer_sizes(shapes, self._dcut_max_context_len)
+            max_bs = max(sizes.max_batch_size, self._dcut_graph_max_bs)
+            sizes = GraphBufferSizes(sizes.kv_indices, sizes.packed_mask, max_bs)
+            kv = getattr(self, "cuda_graph_kv_indices", None)  # SGLang's: one per wrapper
+            kv = kv[0] if isinstance(kv, (list, tuple)) and kv else kv
+            mask = getattr(self, "cuda_graph_custom_mask", None)
+            pool = None
+            if isinstance(kv, torch.Tensor) and isinstance(mask, torch.Tensor):
+                pool = SharedGraphBuffers.from_tensors(kv, mask, max_bs)
+                if not pool.fits(sizes):
+                    pool = None
+            self._dcut_graph_buffers = pool or SharedGraphBuffers.allocate(sizes, self.workspace_buffer.device)
+            return self._dcut_graph_buffers
+
         def _dcut_wrappers(self, bs: int, num_tokens: int, use_custom_mask: bool):
             key = (bs, num_tokens, use_custom_mask)
             if key not in self._dcut_graph_wrappers:
-                sizes = graph_buffer_sizes(bs, num_tokens, self._dcut_max_context_len)
-                bufs = WrapperBuffers.allocate(bs, sizes, use_custom_mask, self.workspace_buffer.device)
-                self._dcut_graph_buffers[key] = bufs
+                pool = self.dcut_reserve_graph_buffers([(bs, num_tokens)])
+                need = graph_buffer_sizes(bs, num_tokens, self._dcut_max_context_len)
+                if not pool.fits(need):
+                    raise RuntimeError(f"{BACKEND_NAME}: tier graph (bs {bs}, {num_tokens} rows) does not fit the "
+                                       "shared graph buffers reserved before capture")
                 self._dcut_graph_wrappers[key] = [
-                    make_prefill_wrapper(self.workspace_buffer, bufs, backend=self.prefill_backend)
+                    make_prefill_wrapper(self.workspace_buffer, pool.view(bs, use_custom_mask),
+                                         backend=self.prefill_backend)
                 ]
             return self._dcut_graph_wrappers[key]
 
         def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
             if not self._ragged(forward_batch):
                 return super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
-            if self.num_wrappers != 1:
-                raise NotImplementedError(f"{BACKEND_NAME}: ragged verify with sliding-window/cross attention")
+            self._check_ragged_supported()
             vp = self._verify_plan(forward_batch)
-            wrappers = self._dcut_wrappers(forward_batch.batch_size, vp.num_tokens, not vp.causal)
+            wrappers = self._dcut_wrappers(vp.batch_size, vp.num_tokens, not vp.causal)
             self._plan_wrappers(wrappers, vp)
             self.forward_metadata = PrefillMetadata(wrappers, False, False)
 
-    FlashInferDCutBackend.__name__ = "FlashInferDCutBackend"
-    FlashInferDCutBackend.__qualname__ = "FlashInferDCutBackend"
+    FlashInferDCutBackend.__name__ = BACKEND_CLASS_NAME
+    FlashInferDCutBackend.__qualname__ = BACKEND_CLASS_NAME
     _backend_cls = FlashInferDCutBackend
     return _backend_cls
 
@@ -871,22 +1110,72 @@ def _create_backend(model_runner):
     return flashinfer_dcut_backend_class()(model_runner)
 
 
-def register() -> bool:
-    """Register ``flashinfer_dcut`` in SGLang's attention registry (idempotent).
+def add_draft_backend_alias(backend_map: dict) -> bool:
+    """Offer ``flashinfer_dcut`` in a ``DraftBackendFactory`` backend map as FlashInfer's entry.
+
+    EAGLE's draft model runs plain decode / extend forwards: SGLang's FlashInfer draft backends
+    (multi-step decode, draft extend) serve them; only the target's TARGET_VERIFY needs the
+    subclass. Returns whether the alias was added (the map has a ``flashinfer`` entry and no
+    ``flashinfer_dcut`` one). Called by the project's AROUND hook on ``_create_backend``
+    (``patches/draft_backend_factory.md``).
+
+    Examples
+    --------
+    >>> m = {"flashinfer": "fi-factory"}; add_draft_backend_alias(m), m[BACKEND_NAME]
+    (True, 'fi-factory')
+    >>> add_draft_backend_alias({"triton": "t"})
+    False
+    """
+    if DRAFT_BACKEND_BASE not in backend_map or BACKEND_NAME in backend_map:
+        return False
+    backend_map[BACKEND_NAME] = backend_map[DRAFT_BACKEND_BASE]
+    return True
+
+
+def around_dflash_verify_mask_policy(original_fn, attn_backend, *args, **kwargs):
+    """AROUND hook on SGLang's ``resolve_dflash_verify_mask_policy``: ``FlashInferDCutBackend``
+    gets FlashInfer's policy (``patches/dflash_mask_policy.md``).
+
+    SGLang decides by the resolved backend's class *name* whether DFlash verify graphs are
+    captured with a custom mask; the subclass's name is not in its set, so its graphs would be
+    captured with a mask that the live DFlash verify (``custom_mask=None``) never plans.
+    """
+    name, build_custom_mask = original_fn(attn_backend, *args, **kwargs)
+    if name != BACKEND_CLASS_NAME:
+        return name, build_custom_mask
+    from sglang.srt.speculative import dflash_utils
+
+    return name, BASE_CLASS_NAME not in dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
+
+
+def _dflash_hook_registered(HookRegistry) -> bool:
+    return any(h is around_dflash_verify_mask_policy for _, h, _ in HookRegistry._hooks.get(HOOK_DFLASH_MASK_POLICY, ()))
+
+
+def register(*, apply_hooks: bool = False) -> bool:
+    """Register ``flashinfer_dcut`` in SGLang's attention registry and its DFlash hook (idempotent).
 
     The name is always registered, so that ``--attention-backend flashinfer_dcut`` (e.g. in a GPU
     preset) parses and validates everywhere; building the backend without a CUDA device or
-    without ``flashinfer`` raises an error naming the flag. Returns whether the backend can be
-    built here. The plugin calls this in every process (see ``patches/flashinfer_dcut_backend.md``).
+    without ``flashinfer`` raises an error naming the flag. The AROUND hook on
+    ``resolve_dflash_verify_mask_policy`` is registered through ``HookRegistry`` (applied by
+    SGLang's ``load_plugins()``; ``apply_hooks=True`` applies pending hooks now, for tests and
+    scripts). Returns whether the backend can be built here. The plugin calls this in every
+    process (see ``patches/flashinfer_dcut_backend.md``).
     """
     ok, why = flashinfer_available()
     if not ok:
         logger.debug("%s registered but not buildable here: %s", BACKEND_NAME, why)
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     if ATTENTION_BACKENDS.get(BACKEND_NAME) is not _create_backend:
         register_attention_backend(BACKEND_NAME)(_create_backend)
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([BACKEND_NAME])
+    if not _dflash_hook_registered(HookRegistry):
+        HookRegistry.register(HOOK_DFLASH_MASK_POLICY, around_dflash_verify_mask_policy, HookType.AROUND)
+    if apply_hooks:
+        HookRegistry.apply_hooks()
     return ok

@@ -448,8 +448,13 @@ def around_create_backend(
 ):
     """AROUND hook on ``DraftBackendFactory._create_backend``: offer ``torch_sdpa`` in the
     factory's local backend map (the multi-step container for draft decode, a plain backend on
-    the draft runner for draft extend), then let upstream pick, wrap, stamp and raise as usual.
+    the draft runner for draft extend) and ``flashinfer_dcut`` as FlashInfer's entry (its draft
+    forwards are SGLang's FlashInfer draft backends), then let upstream pick, wrap, stamp and
+    raise as usual.
     """
+    from sglang_ext.engine.attention.flashinfer_dcut import add_draft_backend_alias
+
+    add_draft_backend_alias(backend_map)  # flashinfer_dcut -> SGLang's "flashinfer" draft backends
     factory = self
     if stamps_children:
 

@@ -23,16 +23,21 @@ module every compacted step runs eagerly on GPU. :class:`DCutVerifyGraphRunner` 
   request row 0); the layout is padded with zero-row requests (:func:`pad_ragged_layout`: no query
   rows, no mask cells, their ``seq_len_fill_value`` keys are never attended) and the backend
   re-plans the ``(bs, T)`` wrapper from that padded view outside the graph. Rows past
-  ``qo_indptr[-1]`` belong to no request; ``execute`` returns the first ``W`` rows and the D-Cut
-  scatter-back drops D-Cut's own pad rows.
+  ``qo_indptr[-1]`` form the plan's padding request (``flashinfer_dcut.PAD_REQUESTS``: sink keys
+  only); ``execute`` returns the first ``W`` rows and the D-Cut scatter-back drops D-Cut's own
+  pad rows. All tier graphs plan into one shared set of fixed buffers
+  (``flashinfer_dcut.SharedGraphBuffers``, SGLang's own graph buffers when large enough), reserved
+  before the first tier capture.
 
 The runner is selected by an AROUND hook on ``ModelRunner._decode_cuda_graph_runner_cls``
 (:func:`register_hooks`, ``patches/dcut_graph_runner.md``) only for the target model runner of a
 speculative server with ``--dcut`` on whose attention backend is ``flashinfer_dcut``; setting
 ``SGLANG_EXT_DCUT_TIER_GRAPHS=0`` keeps SGLang's runner. Configurations it does not handle (LoRA,
 PDMux, two-batch overlap, DP/MLP sync, PP, attention graph variants, a non-``full`` graph backend,
-SGLang's own ragged mode, hisparse, encoder-decoder) capture no tier graph
-(:func:`tier_graph_unsupported_reason`, logged): compacted steps then run eagerly as before.
+SGLang's own ragged mode, hisparse, encoder-decoder, sliding-window / cross-attention models with
+more than one FlashInfer wrapper) capture no tier graph (:func:`tier_graph_unsupported_reason`,
+logged; a warning for the wrapper count, where the backend also keeps D-Cut at full width):
+compacted steps then run eagerly as before.
 
 Worked example (N = 4, tiers 0.25 / 0.5 / 0.75 / 1.0, captured bs [1, 2, 4])::
 
@@ -79,6 +84,7 @@ __all__ = [
     "capture_layout",
     "capture_mask",
     "tier_graph_unsupported_reason",
+    "log_unsupported",
     "tier_graphs_enabled",
     "HOOK_DECODE_GRAPH_RUNNER_CLS",
     "dcut_verify_graph_runner_class",
@@ -284,8 +290,11 @@ _UNSUPPORTED = (
     ("pipeline", "pipeline parallelism"),
     ("encoder_decoder", "encoder-decoder model"),
     ("hisparse", "hisparse"),
+    ("multiple_attention_wrappers", "sliding-window or cross-attention model (more than one FlashInfer wrapper)"),
     ("no_prunable_width", "one verify row per request"),
 )
+_WARN_FACTS = frozenset({"multiple_attention_wrappers"})
+"""Facts that skip the tier graphs of a configuration that asked for them (logged as a warning)."""
 
 
 def tier_graph_unsupported_reason(**facts: bool) -> Optional[str]:
@@ -293,8 +302,9 @@ def tier_graph_unsupported_reason(**facts: bool) -> Optional[str]:
 
     Keys: ``not_target_verify``, ``draft_worker``, ``sglang_ragged_mode``, ``graph_backend_not_full``,
     ``attention_backend_not_dcut``, ``pdmux``, ``two_batch_overlap``, ``lora``, ``mlp_sync``,
-    ``attention_variants``, ``pipeline``, ``encoder_decoder``, ``hisparse``, ``no_prunable_width``
-    (missing keys count as False; an unknown key is a ``KeyError``).
+    ``attention_variants``, ``pipeline``, ``encoder_decoder``, ``hisparse``,
+    ``multiple_attention_wrappers``, ``no_prunable_width`` (missing keys count as False; an
+    unknown key is a ``KeyError``).
 
     Examples
     --------
@@ -309,6 +319,14 @@ def tier_graph_unsupported_reason(**facts: bool) -> Optional[str]:
         if facts.get(k, False):
             return why
     return None
+
+
+def log_unsupported(reason: str) -> None:
+    """Log why no tier graph is captured: a warning for a model the tier graphs cannot serve
+    (:data:`_WARN_FACTS`), else info (configurations that do not use them)."""
+    warn = any(reason == why for k, why in _UNSUPPORTED if k in _WARN_FACTS)
+    logger.log(logging.WARNING if warn else logging.INFO,
+               "D-Cut tier graphs not captured (%s): compacted verify steps run eagerly or at full width", reason)
 
 
 def tier_graphs_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -403,6 +421,7 @@ def dcut_verify_graph_runner_class() -> type:
                 pipeline=self.pp_size > 1,
                 encoder_decoder=bool(self.is_encoder_decoder),
                 hisparse=getattr(mr, "hisparse_coordinator", None) is not None,
+                multiple_attention_wrappers=int(getattr(self.attn_backend, "num_wrappers", 1)) > 1,
                 no_prunable_width=self.captured_req_width <= 1,
             )
 
@@ -413,10 +432,12 @@ def dcut_verify_graph_runner_class() -> type:
         def _capture_tier_graphs(self, stream_idx: Optional[int]) -> None:
             self.dcut_unsupported = self._dcut_unsupported_reason()
             if self.dcut_unsupported is not None:
-                logger.info("D-Cut tier graphs not captured (%s): compacted verify steps run eagerly",
-                            self.dcut_unsupported)
+                log_unsupported(self.dcut_unsupported)
                 return
             keys = tier_graph_keys(self.capture_bs, self.captured_req_width, self.dcut_tiers, self.dcut_masked)
+            reserve = getattr(self.attn_backend, "dcut_reserve_graph_buffers", None)
+            if keys and reserve is not None:  # one shared set of key-index / mask buffers for every tier graph
+                reserve([(k.batch_size, k.num_tokens) for k in keys])
             logger.info("D-Cut: capturing %d tier verify graphs after SGLang's %d", len(keys), len(self.capture_bs))
             t0 = time.perf_counter()
             captured: List[TierGraphKey] = []
