@@ -48,7 +48,7 @@ from sglang_ext.testbed import tokenizer as tok_mod
 
 SPECEXIT_METHOD = "confidence_progress_remain"
 SPECEXIT_SIGNALS = ("confidence", "progress", "remain")
-DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3SpecExit"
+DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"  # SGLang's EAGLE3 name; the SpecExit class is chosen from the fc shape
 #: Token id meaning "no label" in label tensors (ignored by the losses).
 IGNORE_INDEX = -100
 

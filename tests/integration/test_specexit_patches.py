@@ -90,12 +90,21 @@ def test_model_architecture_target():
     assert _params(fn) == ["model_config"]
     src = inspect.getsource(fn)
     assert "ModelRegistry.is_arch_supported" in src and "model_config.hf_config" in src
+    assert "return model_cls, resolved_arch" in src  # the (class, architecture) pair the AROUND hook edits
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
     from sglang_ext.engine.specexit import draft_models
+    from sglang_ext.engine.specexit.checkpoint import (
+        LEGACY_SPECEXIT_ARCHITECTURE,
+        SPECEXIT_ARCHITECTURE,
+        STANDARD_EAGLE3_ARCHITECTURES,
+    )
 
-    assert H.SPECEXIT_DRAFT_ARCHITECTURE == draft_models.ARCHITECTURE
-    from sglang_ext.engine.specexit.checkpoint import SPECEXIT_ARCHITECTURE
-
-    assert SPECEXIT_ARCHITECTURE == draft_models.ARCHITECTURE
+    assert H.SPECEXIT_DRAFT_ARCHITECTURE == draft_models.ARCHITECTURE == LEGACY_SPECEXIT_ARCHITECTURE
+    assert SPECEXIT_ARCHITECTURE == LlamaForCausalLMEagle3.__name__ in STANDARD_EAGLE3_ARCHITECTURES
+    # the subclass relies on the parent's fc (nn.Linear, H rows) and its load_weights(name, tensor) loop
+    assert "self.fc = torch.nn.Linear" in inspect.getsource(inspect.getmodule(LlamaForCausalLMEagle3).LlamaModel)
+    assert _params(LlamaForCausalLMEagle3.load_weights) == ["self", "weights"]
 
 
 def test_verify_result_fields():

@@ -73,7 +73,7 @@ def test_draft_loss_decreases_and_checkpoint_layout(quick_run):
     assert torch.equal(sd["fc.weight"][:H], tokens["sglang_state_dict"]["fc.weight"][:H])
     assert sd["fc.weight"][H:].abs().sum() > 0
     cfg = json.load(open(os.path.join(out, "draft", "config.json")))
-    assert cfg["architectures"] == ["LlamaForCausalLMEagle3SpecExit"]
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]  # SGLang's own name (the trainers' format)
     assert cfg["specexit_method"] == "confidence_progress_remain"
     assert cfg["draft_vocab_size"] == 256 and cfg["num_hidden_layers"] == 1
     ids = [i + 1 for i in cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]

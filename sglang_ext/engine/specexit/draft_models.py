@@ -1,6 +1,6 @@
 """EAGLE3 draft model class for SGLang whose ``fc`` carries SpecExit signal rows.
 
-A SpecExit checkpoint (AngelSlim layout, and the testbed draft in
+A SpecExit checkpoint (AngelSlim layout, EAGLE3 trainers' format, and the testbed draft in
 ``sglang_ext/testbed/models/draft``) stores ``fc.weight`` of shape
 ``[H + k, num_aux * H_target]``: rows ``0..H-1`` are the ordinary EAGLE3 input
 projection, rows ``H..H+k-1`` the raw SpecExit signals (order confidence,
@@ -12,11 +12,17 @@ the rest in the buffer ``specexit_fc`` ``# [k, num_aux * H_target]``; ``k`` is
 inferred from the checkpoint at load time (``specexit_k``; 0 for a plain EAGLE3
 checkpoint).
 
-Registration: :func:`register_draft_models` adds the class to SGLang's
-``ModelRegistry`` under ``LlamaForCausalLMEagle3SpecExit`` (the
-``architectures`` entry of such a draft's ``config.json``).  The module also
-defines ``EntryClass`` so that ``SGLANG_EXTERNAL_MODEL_PACKAGE`` can point at a
-package containing it.
+Selection: such checkpoints are saved under SGLang's standard name ``LlamaForCausalLMEagle3``;
+the ``get_model_architecture`` hook (``hooks._around_get_model_architecture``) reads the ``fc``
+shape from the weight headers (``checkpoint.inspect_draft``) and hands SGLang this class when
+``fc`` has extra rows.  :func:`register_draft_models` also registers it under the former name
+``LlamaForCausalLMEagle3SpecExit`` (:data:`ARCHITECTURE`), which older checkpoints record.  The
+module defines ``EntryClass`` so that ``SGLANG_EXTERNAL_MODEL_PACKAGE`` can point at a package
+containing it.
+
+Launch check: after the weights are loaded, with ``--specexit --specexit-signal-source head``
+:func:`sglang_ext.engine.specexit.checkpoint.head_rows` checks the head against
+``--specexit-method`` (one line naming the flag when it cannot serve it).
 """
 
 from __future__ import annotations
@@ -28,7 +34,10 @@ import torch.nn.functional as F
 
 from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 
-ARCHITECTURE = "LlamaForCausalLMEagle3SpecExit"
+from sglang_ext.engine.specexit.checkpoint import HEAD_SIGNAL_SOURCE, LEGACY_SPECEXIT_ARCHITECTURE, head_rows
+
+#: Registry name of the class (the former ``architectures`` entry of the project's SpecExit drafts).
+ARCHITECTURE = LEGACY_SPECEXIT_ARCHITECTURE
 
 
 def _is_fc_weight(name: str) -> bool:
@@ -74,6 +83,22 @@ class LlamaForCausalLMEagle3SpecExit(LlamaForCausalLMEagle3):
                 yield name, w
 
         super().load_weights(split_fc())
+        self._check_against_server()
+
+    def _check_against_server(self) -> None:
+        """With ``--specexit --specexit-signal-source head``, :func:`head_rows` on the loaded head
+        (raises its one-line error); nothing outside a scheduler or with SpecExit off."""
+        try:
+            from sglang.srt.runtime_context import get_server_args
+
+            from sglang_ext.config import get_extension_config
+
+            cfg = get_extension_config(get_server_args()).specexit
+        except Exception:  # no runtime context (a unit test building the class by hand)
+            return
+        if cfg.enabled and cfg.signal_source == HEAD_SIGNAL_SOURCE:
+            head_rows(self.specexit_k, self.specexit_method, cfg.method,
+                      where=f"the draft ({getattr(self.config, '_name_or_path', '') or 'speculative draft model'})")
 
     def _set_signal_rows(self, rows: torch.Tensor) -> None:
         ref = self.model.fc.weight
@@ -112,7 +137,8 @@ EntryClass = [LlamaForCausalLMEagle3SpecExit]
 
 
 def register_draft_models() -> None:
-    """Add :class:`LlamaForCausalLMEagle3SpecExit` to SGLang's ``ModelRegistry`` (idempotent)."""
+    """Add :class:`LlamaForCausalLMEagle3SpecExit` to SGLang's ``ModelRegistry`` under :data:`ARCHITECTURE`
+    (idempotent)."""
     from sglang.srt.models.registry import ModelRegistry
 
     ModelRegistry.models[ARCHITECTURE] = LlamaForCausalLMEagle3SpecExit

@@ -7,7 +7,7 @@ target                                                                         t
 ``sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class``           AROUND  per-request ``meta_info`` fields
 ``sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info``  AROUND  scalar ``meta_info`` values
 ``sglang.srt.managers.scheduler.Scheduler.get_internal_state``                  AFTER   ``/server_info`` exit counters
-``sglang.srt.model_loader.utils.get_model_architecture``                        BEFORE  register the SpecExit draft class
+``sglang.srt.model_loader.utils.get_model_architecture``                        AROUND  SpecExit draft class, head check
 =============================================================================  ======  ==================================
 
 Each target is documented in ``patches/`` (``specexit_*.md``, ``model_architecture.md``)
@@ -18,9 +18,12 @@ import SGLang lazily and do nothing when ``--specexit`` is off.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Dict, List
 
 from sglang_ext.engine.specexit.report import META_KEYS, REPORT_ATTR
+
+logger = logging.getLogger(__name__)
 
 HOOK_TOKENIZED_OBJECT = "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object"
 HOOK_OUTPUT_STREAMER = "sglang.srt.managers.scheduler.Scheduler.get_output_streamer_class"
@@ -28,7 +31,9 @@ HOOK_META_INFO = "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_
 HOOK_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 HOOK_MODEL_ARCHITECTURE = "sglang.srt.model_loader.utils.get_model_architecture"
 
-#: ``architectures`` entry of a SpecExit EAGLE3 draft (``draft_models.ARCHITECTURE``).
+#: Former ``architectures`` entry of the project's SpecExit drafts (``draft_models.ARCHITECTURE``,
+#: ``checkpoint.LEGACY_SPECEXIT_ARCHITECTURE``); still registered. New drafts use SGLang's
+#: ``LlamaForCausalLMEagle3`` (the class is chosen from the ``fc`` shape).
 SPECEXIT_DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3SpecExit"
 
 #: Key of the SpecExit counters in each scheduler's ``internal_states`` (``/server_info``).
@@ -176,13 +181,71 @@ def kv_pool_usage(scheduler) -> Dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- draft class
-def _before_get_model_architecture(model_config, *args, **kwargs):
+@functools.lru_cache(maxsize=16)
+def _draft_head(model_path: str):
+    """:func:`checkpoint.inspect_draft` of a local checkpoint directory (None: not local / unreadable)."""
+    import os
+
+    from sglang_ext.engine.specexit.checkpoint import inspect_draft
+
+    if not model_path or not os.path.isdir(model_path):
+        return None
+    try:
+        return inspect_draft(model_path)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        logger.warning("SpecExit: cannot read the fc shape of %s (%s); its class is chosen without it",
+                       model_path, e)
+        return None
+
+
+def _server_specexit():
+    """The running server's SpecExit config, or None outside a server process."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return _specexit_config(get_server_args())
+    except Exception:
+        return None
+
+
+def select_draft_class(model_config, model_cls: type, arch: str) -> type:
+    """The class SGLang should build for ``model_config`` (see :func:`_around_get_model_architecture`)."""
+    from sglang_ext.engine.specexit.checkpoint import HEAD_SIGNAL_SOURCE, STANDARD_EAGLE3_ARCHITECTURES, head_rows
+
+    if arch not in STANDARD_EAGLE3_ARCHITECTURES or model_cls.__name__ != arch:
+        return model_cls  # another model, or a class already replaced
+    path = str(getattr(model_config, "model_path", "") or "")
+    head = _draft_head(path)
+    cfg = _server_specexit()
+    check = (cfg is not None and cfg.enabled and cfg.signal_source == HEAD_SIGNAL_SOURCE
+             and getattr(model_config, "is_draft_model", True))
+    if head is not None and head.known:
+        if check:  # before any weight is read; the class re-checks the loaded head
+            head_rows(head.num_signals, head.recorded_method, cfg.method, where=f"the draft ({path})")
+        if head.num_signals == 0:
+            return model_cls
+    elif not check:
+        return model_cls  # weights not inspectable (e.g. a hub id not downloaded yet) and no SpecExit head wanted
+    from sglang_ext.engine.specexit.draft_models import LlamaForCausalLMEagle3SpecExit
+
+    return LlamaForCausalLMEagle3SpecExit
+
+
+def _around_get_model_architecture(original_fn, model_config, *args, **kwargs):
+    """Resolve SpecExit drafts: the former architecture name is registered before SGLang resolves it,
+    and a standard ``LlamaForCausalLMEagle3`` checkpoint whose ``fc`` has rows beyond ``hidden_size``
+    (the EAGLE3 trainers' format) gets the SpecExit draft class (SGLang's own class would reject the
+    shape). With ``--specexit --specexit-signal-source head`` the head is checked against the flags
+    here, before any weight is read. The architecture name SGLang sees is unchanged."""
+    from sglang_ext.engine.specexit.checkpoint import LEGACY_SPECEXIT_ARCHITECTURE
+
     hf_config = getattr(model_config, "hf_config", None)
-    if SPECEXIT_DRAFT_ARCHITECTURE in (getattr(hf_config, "architectures", None) or []):
+    if LEGACY_SPECEXIT_ARCHITECTURE in (getattr(hf_config, "architectures", None) or []):
         from sglang_ext.engine.specexit.draft_models import register_draft_models
 
         register_draft_models()
-    return None
+    model_cls, arch = original_fn(model_config, *args, **kwargs)
+    return select_draft_class(model_config, model_cls, arch), arch
 
 
 # ----------------------------------------------------------------------------- registration
@@ -194,4 +257,4 @@ def register_specexit_hooks() -> None:
     HookRegistry.register(HOOK_OUTPUT_STREAMER, _around_get_output_streamer_class, HookType.AROUND)
     HookRegistry.register(HOOK_META_INFO, _around_update_request_meta_info, HookType.AROUND)
     HookRegistry.register(HOOK_INTERNAL_STATE, _after_get_internal_state, HookType.AFTER)
-    HookRegistry.register(HOOK_MODEL_ARCHITECTURE, _before_get_model_architecture, HookType.BEFORE)
+    HookRegistry.register(HOOK_MODEL_ARCHITECTURE, _around_get_model_architecture, HookType.AROUND)

@@ -222,7 +222,7 @@ class SpecExitRunner:
         if not hasattr(model, "specexit_logits") or k == 0:
             raise SpecExitLaunchError(
                 f"--specexit-signal-source head: the draft model ({type(model).__name__}) has no SpecExit signal rows; "
-                "use a draft whose fc has hidden_size + k rows (architecture LlamaForCausalLMEagle3SpecExit) or "
+                "use a draft whose fc has hidden_size + k rows (EAGLE3 trainers' format) or "
                 "--specexit-signal-source draft-confidence")
         trained = getattr(model, "specexit_method", None)
         try:
