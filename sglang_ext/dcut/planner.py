@@ -273,7 +273,8 @@ def forward_costs(
     forward_widths : sequence of int
         Rows of the forward at each tier (exempt blocks included), ``>= full_batch_widths``.
     full_batch_widths : sequence of int
-        ``ceil(bs * N * rho_j)`` per tier (clipped to ``bs * N``), non-decreasing.
+        ``bs + keep_count(bs, N, rho_j)`` per tier (``ceil(bs * N * rho_j)`` clipped to
+        ``[bs, bs * N]``), non-decreasing.
     costs_ms : sequence of float
         The cost-table row.
 

@@ -220,3 +220,107 @@ def test_fallback_without_row_warns_once(caplog):
         choose(s, None)
     records = [r for r in caplog.records if r.name == "sglang_ext.dcut"]
     assert len(records) == 2 and "no cost table" in records[1].getMessage()
+
+
+# --- exempt requests: the real forward width (issue: planner width) ----------------------------
+
+def _independent_exempt_auto(scores, exempt, n, tiers, batch_sizes, step_ms):
+    """Auto choice over the real step: the exempt requests keep all N rows and count in the batch
+    size, the forward width, the cost (the smallest full-batch tier holding the width) and the
+    expected tokens. Returns (tier, kept drafts of the scored requests, forward rows, cost)."""
+    bs = len(scores)
+    scored = [s for s, e in zip(scores, exempt) if not e]
+    nb, ne = len(scored), bs - len(scored)
+    row = next(r for b, r in zip(batch_sizes, step_ms) if b >= bs)
+    full_widths = [bs + exact_keep_count(bs, n, t) for t in tiers]  # never below the bs roots
+    ranked = sorted((x for s in scored for x in s), reverse=True)
+    exempt_sum = math.fsum(x for s, e in zip(scores, exempt) if e for x in s)
+    best = None
+    for q, rho in enumerate(tiers):
+        k = exact_keep_count(nb, n, rho)
+        width = nb + k + ne * n
+        cost = row[min(j for j in range(q, len(tiers)) if full_widths[j] >= width)]
+        u = (bs + math.fsum(ranked[:k]) + exempt_sum) / cost
+        if best is None or u > best[0] or (u == best[0] and cost < best[4]):
+            best = (u, q, k, width, cost)
+    return best[1:]
+
+
+def test_auto_with_exempt_requests_costs_the_real_forward():
+    rng = random.Random(31)
+    g = torch.Generator().manual_seed(31)
+    for _ in range(300):
+        bs, n = rng.randint(2, 12), rng.randint(2, 9)
+        exempt = [rng.random() < 0.3 for _ in range(bs)]
+        if all(exempt):
+            exempt[0] = False
+        batch_sizes = sorted(set(rng.sample(range(1, 16), rng.randint(1, 4)) + [bs + rng.randint(0, 2)]))
+        step_ms = [sorted(rng.uniform(1.0, 10.0) for _ in TIERS) for _ in batch_sizes]
+        scores = (torch.rand(bs, n - 1, generator=g) ** rng.choice([0.3, 1.0, 3.0])).cumprod(dim=1)
+        plan = choose(scores, _table(batch_sizes, step_ms), exempt=exempt)
+        q, k, width, cost = _independent_exempt_auto(scores.tolist(), exempt, n, TIERS, batch_sizes, step_ms)
+        assert (plan.tier_index, plan.budget, plan.forward_width) == (q, k, width)
+        assert plan.predicted_ms == cost and plan.num_exempt == sum(exempt)
+        assert plan.profiled_batch_size == min(b for b in batch_sizes if b >= bs)
+        lens = plan.keep_lens.tolist()
+        assert all(lens[b] == n - 1 for b in range(bs) if exempt[b])
+        assert sum(lens[b] for b in range(bs) if not exempt[b]) == k
+
+
+def test_exempt_requests_widen_the_forward_of_every_tier():
+    # 4 chains of N = 8, request 1 exempt: the 3 others keep ceil(24 * rho) - 3 drafts per tier
+    # and the forward carries request 1's 8 rows on top.
+    s = torch.full((4, 7), 0.5).cumprod(dim=1)
+    plan = choose(s, None, mode=0.5, exempt=[False, True, False, False])
+    assert plan.tier_widths == (14, 20, 26, 32) and plan.forward_width == 20
+    assert plan.budget == 9 and plan.keep_lens.tolist()[1] == 7 and plan.prunes
+    assert int(plan.num_ineligible) == 0 and plan.verify_width == 4 + 9 + 7
+    # auto: the 0.5 tier's 20 rows need the batch's 0.75 graph (24 rows) -> its cost, 3.0; the
+    # scored-only view costed it 2.0 with the row of bs 3
+    table = _table([3, 4], [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]])
+    plan = choose(s, table, exempt=[False, True, False, False])
+    assert plan.profiled_batch_size == 4 and plan.tier_costs_ms == (2.0, 3.0, 4.0, 4.0)
+    # trees: an exempt request keeps every node
+    topo = TreeTopology.from_parents(torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 1]]))
+    t = torch.tensor([[1.0, 0.9, 0.2, 0.8], [1.0, 0.5, 0.4, 0.3]])
+    plan = choose(t, None, mode=0.5, topology=topo, exempt=[True, False])
+    assert plan.keep_mask.tolist() == [[True] * 4, [True, True, False, False]]
+    assert plan.forward_width == 4 + 2
+
+
+def test_without_exemptions_the_plan_is_unchanged():
+    g = torch.Generator().manual_seed(32)
+    s = torch.rand(5, 6, generator=g).cumprod(dim=1)
+    table = _table([8], [[1.0, 1.5, 2.5, 3.0]])
+    for mode in ("auto", 0.3, "off"):
+        a, b = choose(s, table, mode=mode), choose(s, table, mode=mode, exempt=[False] * 5)
+        assert (a.tier_index, a.budget, a.utilities) == (b.tier_index, b.budget, b.utilities)
+        assert torch.equal(a.keep_lens, b.keep_lens)
+    with pytest.raises(ValueError, match="exemption flags"):
+        choose(s, table, exempt=[False] * 4)
+
+
+# --- modes ---------------------------------------------------------------------------------------
+
+def test_mode_table_and_parse_mode():
+    from sglang_ext.dcut import TIER_POLICIES, parse_mode
+
+    assert list(TIER_POLICIES) == ["off", "auto"]
+    assert [parse_mode(x) for x in (" AUTO", "off", "0.25", 1, Fraction(1, 2))] == ["auto", "off", 0.25, 1.0, 0.5]
+    for bad in ("scan", "nan", "0", 1.5, True, "inf"):
+        with pytest.raises(ValueError, match="expected off, auto or a ratio"):
+            parse_mode(bad)
+
+
+def test_a_new_tier_policy_is_one_table_entry(monkeypatch):
+    """A policy registered in the mode table is accepted by the planner and the config."""
+    from sglang_ext.config import ConfigError, DCutConfig
+    from sglang_ext.dcut import TIER_POLICIES, TierChoice
+
+    with pytest.raises(ConfigError, match="^--dcut: expected off, auto or a ratio"):
+        DCutConfig(mode="smallest")
+    monkeypatch.setitem(TIER_POLICIES, "smallest", lambda inp: TierChoice(inp.tier_keeps[0], 0, inp.tiers[0],
+                                                                          "smallest"))
+    assert DCutConfig(mode="Smallest").mode == "smallest"
+    plan = choose(torch.full((2, 3), 0.5), None, mode="smallest")
+    assert (plan.tier_index, plan.budget, plan.mode, plan.tier_label) == (0, 0, "smallest", "0.25")
