@@ -36,6 +36,15 @@ def test_dflash_worker_targets():
     assert i_head < i_verify < i_accept
     assert "is_verify=True" in src[i_verify:i_accept] and "forward_batch=verify_forward_batch" in src[i_verify:i_accept]
     assert "self._draft_sampler.out[" in src and "candidates = draft_tokens" in src
+    # the strided verify batch is planned before the forward and the forward is asked to keep that
+    # plan; the flag is mapped onto the ready mark, which the compacted forward drops to re-plan
+    assert "verify_input.prepare_for_verify(" in src[:i_verify] and "skip_attn_backend_init=" in src[i_verify:i_accept]
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    assert "forward_batch.apply_deprecated_skip_attn_backend_init(skip_attn_backend_init)" in inspect.getsource(
+        TpModelWorker.forward_batch_generation)
+    assert "self.mark_forward_metadata_ready()" in inspect.getsource(ForwardBatch.apply_deprecated_skip_attn_backend_init)
     # commit and draft-KV materialization read only the committed prefix rows (pruned rows never read)
     assert "commit_lens=commit_lens" in src[i_accept:] and "cache_loc_2d=" in src[i_accept:]
     assert "record_stream" in src  # CPU blocker 4 of the module note (still there)
