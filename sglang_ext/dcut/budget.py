@@ -122,33 +122,24 @@ def _monotone_float_bits(x: torch.Tensor) -> torch.Tensor:  # same shape, int32
     return (bits >> 31).bitwise_and_(0x7FFFFFFF).bitwise_xor_(bits)
 
 
-_NEG_INF_BITS = -0x800000
-"""The float32 bits of ``-inf`` read as int32 (``0xFF800000``)."""
-
-
 def _score_image(
     scores: torch.Tensor,  # [num] float32, finite or -inf (no NaN, no +inf)
 ) -> tuple[torch.Tensor, int]:  # [num] int32, and the smallest sort key of a -inf score
     """Monotone int32 image of sanitized float32 scores and the sort-key bound of ``-inf``.
 
-    Fast path: when no finite score has its sign bit set (scores in ``[+0.0, inf)``, the case
-    of survival scores), the float bits read as int32 are already monotone (``-inf`` reads as
-    a negative int below every non-negative score). Otherwise :func:`_monotone_float_bits`
-    handles negative scores and ``-0.0``. Both give the same order, hence the same ranking.
-    Sort keys ``tie - (mono + 1) * 2**31`` with ``tie - 2**31`` in ``[-2**31, 0)`` (every
-    candidate) are below the returned bound exactly for finite scores; a ``-inf`` score
-    (roots included, whatever their tie) is at or above it.
+    :func:`_monotone_float_bits` of every score (negative scores and ``-0.0`` included), with no
+    host sync: the planner's step stays asynchronous (overlap scheduling). Sort keys
+    ``tie - (mono + 1) * 2**31`` with ``tie - 2**31`` in ``[-2**31, 0)`` (every candidate) are
+    below the returned bound exactly for finite scores; a ``-inf`` score (roots included,
+    whatever their tie) is at or above it.
 
     Examples
     --------
     >>> _score_image(torch.tensor([0.5, float("-inf")]))[0].tolist()
-    [1056964608, -8388608]
+    [1056964608, -2139095041]
     >>> _score_image(torch.tensor([-0.5, float("-inf")]))[0].tolist()
     [-1056964609, -2139095041]
     """
-    bits = scores.view(torch.int32)
-    if bits.numel() == 0 or bits.amin().item() >= _NEG_INF_BITS:
-        return bits, 0  # -inf keys >= (2**23 - 2) * 2**31, finite keys < 0
     return _monotone_float_bits(scores), (0x7F800000 - 1) * _SCORE_SHIFT
 
 

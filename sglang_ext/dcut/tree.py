@@ -831,8 +831,10 @@ def build_full_mask(
     seq_lens : torch.Tensor
         ``[batch_size]`` committed KV length before the step (drafts excluded).
     mask_len : int, optional
-        Host-known total length; read back from the device when omitted. The number of tree
-        cells is data-dependent, so this function syncs with the host once either way.
+        Host-known length of the returned mask, at least ``mask_indptr[-1]`` (cells past it are
+        True and belong to no request). With it nothing is read back from the device (the
+        ``bs * width * width`` block cells are scattered, no ragged enumeration); without it the
+        exact length and the tree-cell count are read back in one host sync.
 
     Returns
     -------
@@ -861,11 +863,17 @@ def build_full_mask(
     # Only the sum_b q_b^2 tree cells are written (prefix columns stay True); they are
     # enumerated as a ragged range, so the work is O(sum q_b^2), not O(bs * width^2).
     qq = q * q
-    num_cells_t = qq.sum()
-    if mask_len is None:
-        mask_len, num_cells = (int(x) for x in torch.stack([mask_indptr[-1], num_cells_t]).tolist())
-    else:
-        num_cells = int(num_cells_t.item())
+    if mask_len is not None:  # no host sync: every block cell, the ones outside q_b x q_b sent to a spare cell
+        r = torch.arange(width, device=device, dtype=torch.int64)
+        inside = (r.view(1, -1, 1) < q.view(-1, 1, 1)) & (r.view(1, 1, -1) < q.view(-1, 1, 1))  # [bs, w, w]
+        start = (mask_indptr[:-1] + p).view(-1, 1, 1)
+        cell = start + r.view(1, -1, 1) * row_len.view(-1, 1, 1) + r.view(1, 1, -1)
+        spare = int(mask_len)  # one past the end, dropped below
+        cell = torch.where(inside, cell, torch.full_like(cell, spare))
+        out = torch.ones(spare + 1, dtype=torch.bool, device=device)
+        out.scatter_(0, cell.reshape(-1), tree_block.to(torch.bool).reshape(-1) | ~inside.reshape(-1))
+        return out[:spare], mask_indptr
+    mask_len, num_cells = (int(x) for x in torch.stack([mask_indptr[-1], qq.sum()]).tolist())
     mask = torch.ones(mask_len, dtype=torch.bool, device=device)
     b_i = torch.repeat_interleave(torch.arange(bs, device=device), qq, output_size=num_cells)
     cell_start = torch.cumsum(qq, dim=0) - qq

@@ -149,12 +149,14 @@ def window_kv(
     req_pool_indices: torch.Tensor,  # [batch_size]
     prefix_lens: torch.Tensor,  # [batch_size] committed lengths (drafts excluded)
     window: int,
+    prefix_total: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:  # [batch_size + 1] int32, [sum(prefix_lens + window)] int32
     """KV slots of every request's prefix and full verify window (the uniform SGLang layout).
 
     Request ``b`` gets ``req_to_token[req_pool_indices[b], 0 : prefix_lens[b] + window]``; this is
     what SGLang's ``generate_attn_arg_prefill`` packs for a uniform verify of ``window`` rows.
-    One host sync (the total length).
+    One host sync (the total length) unless ``prefix_total`` (host-known ``sum(prefix_lens)``)
+    is given.
 
     Returns
     -------
@@ -169,7 +171,10 @@ def window_kv(
     """
     lens = prefix_lens.to(torch.int64) + int(window)
     indptr = _exclusive(lens)
-    total = int(indptr[-1].item())
+    if prefix_total is not None:
+        total = int(prefix_total) + int(window) * int(lens.shape[0])
+    else:
+        total = int(indptr[-1].item())
     seg, within = _segments(lens, total)
     rows = req_pool_indices.to(device=req_to_token.device, dtype=torch.int64).index_select(0, seg)
     kv = req_to_token[rows, within]
