@@ -244,10 +244,10 @@ def _reference_tree_ranking(parents, scores):
     return order, sum(1 for r in rows if r[0] != NEG), prefix, [r[0] for r in rows]
 
 
-def test_score_key_fast_and_general_paths_match_reference(monkeypatch):
-    # Scores in [+0.0, 1] (plus -inf / NaN) take the fast sort key (float bits as int32);
-    # negative scores or -0.0 take the general monotone map. Both must rank exactly like the
-    # plain-Python reference, and each case must really use its path.
+def test_score_key_matches_reference_for_nonnegative_and_negative_scores(monkeypatch):
+    # Scores in [+0.0, 1] (plus -inf / NaN) and negative scores or -0.0 both go through the
+    # monotone map (no host read-back to pick a path: overlap scheduling); both must rank exactly
+    # like the plain-Python reference, and every ranking must use the map.
     import sglang_ext.dcut.budget as budget_mod
 
     general_calls = []
@@ -277,11 +277,10 @@ def test_score_key_fast_and_general_paths_match_reference(monkeypatch):
         want_order, want_eligible, want_prefix, eff = _reference_tree_ranking(parents, t.tolist())
         calls_before = len(general_calls)
         r = rank_tree(t, TreeTopology.from_parents(torch.tensor(parents)))
-        # The general map is needed exactly when a candidate's score has its sign bit set.
         needs_general = any(math.copysign(1.0, x) < 0 and x != NEG for x in eff)
-        assert (len(general_calls) > calls_before) == needs_general, case
+        assert len(general_calls) > calls_before, case  # one sync-free path for every score set
         seen_general[general] += needs_general
         assert r.order.tolist() == want_order, case
         assert int(r.num_eligible) == want_eligible, case
         assert r.prefix_sums.tolist() == want_prefix, case
-    assert seen_general[0] == 0 and seen_general[1] > 30  # both paths were exercised
+    assert seen_general[0] == 0 and seen_general[1] > 30  # both kinds of score sets were exercised
