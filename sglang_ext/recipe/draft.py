@@ -122,7 +122,7 @@ def select_draft_vocab(sequences: Sequence[Sequence[int]], vocab_size: int, size
     Examples
     --------
     >>> select_draft_vocab([[5, 5, 7], [7, 7, 9]], vocab_size=10, size=4, always=[2]).tolist()
-    [0, 2, 5, 7]
+    [2, 5, 7, 9]
     """
     size = min(size, vocab_size)
     chosen: List[int] = []

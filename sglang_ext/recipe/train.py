@@ -62,7 +62,7 @@ def step_labels(ids: torch.Tensor, prompt_lens: torch.Tensor, lengths: torch.Ten
     >>> t2d = torch.tensor([0, 1, 2, 3, -100, 4])
     >>> [x.tolist() for x in step_labels(torch.tensor([[1, 2, 3, 4, 5]]), torch.tensor([2]),
     ...                                  torch.tensor([5]), t2d, 2)]
-    [[[2, 3, -100, -100]], [[3, -100, 4, -100]]]
+    [[[3, -100, 4, -100]], [[-100, 4, -100, -100]]]
     """
     B, S = ids.shape
     pos = torch.arange(S).unsqueeze(0)  # [1, S]
