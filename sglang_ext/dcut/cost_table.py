@@ -16,15 +16,23 @@ File schema (version 1; other tools read it, keep it stable)::
 
 ``step_ms[i][q]`` is the mean cost of one full speculative step (draft + verify of
 ``ceil(bs * N * tiers[q])`` target tokens) at ``batch_sizes[i]``. Lookups use the smallest
-profiled batch size >= bs. Loading a corrupt file, or one whose key differs from the running
-server's, raises :class:`CostTableError` with a message naming the problem; the SGLang glue
-turns that into the fallback ratio.
+profiled batch size >= bs; a batch size beyond the table uses the largest row, with a warning
+logged once per table. Loading a corrupt file, or (with ``expected_key``) one whose key differs
+from the running server's, raises :class:`CostTableError` with a message naming the problem; the
+SGLang glue turns that into the fallback ratio. :meth:`CostTableKey.differences` names the
+differing fields for a warning instead (``--dcut-cost-table FILE``).
+
+Profiling helpers (pure): :func:`cache_identity` is what the profiler's cache file name hashes
+(the key plus the tiers and batch sizes, so a changed ``--dcut-tiers`` or batch-size list
+re-profiles), and :func:`fill_from_nearest` completes a table whose profiled batch sizes could
+not all be measured (each missing row copied from the nearest measured one).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -36,9 +44,17 @@ __all__ = [
     "CostTableError",
     "CostTableKey",
     "CostTable",
+    "cache_identity",
+    "nearest_batch_size",
+    "fill_from_nearest",
 ]
 
 COST_TABLE_VERSION = 1
+
+logger = logging.getLogger(__name__)
+
+#: Tables (by their identity) whose "batch size beyond the table" warning was already logged.
+_WARNED_BEYOND: set = set()
 
 
 class CostTableError(ValueError):
@@ -152,6 +168,18 @@ class CostTableKey:
         """
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(other, f.name)]
 
+    def differences(self, other: "CostTableKey", mine: str = "file", theirs: str = "server") -> list[str]:
+        """One ``field: <mine> value != <theirs> value`` item per differing field (for warnings).
+
+        Examples
+        --------
+        >>> a = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 2048, "0.5.23", "0.1")
+        >>> a.differences(dataclasses.replace(a, tp=2, context_len=64))
+        ['tp: file 1 != server 2', 'context_len: file 2048 != server 64']
+        """
+        return [f"{name}: {mine} {getattr(self, name)!r} != {theirs} {getattr(other, name)!r}"
+                for name in self.mismatches(other)]
+
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
@@ -245,7 +273,11 @@ class CostTable:
         )
 
     def lookup(self, batch_size: int) -> Optional[tuple[int, tuple[float, ...]]]:
-        """Costs at the smallest profiled batch size ``>= batch_size``.
+        """Costs at the smallest profiled batch size ``>= batch_size``, else at the largest one.
+
+        A batch size beyond the table (more running requests than the largest profiled batch, e.g.
+        a table profiled for a smaller ``--max-running-requests``) uses the largest row; a warning
+        naming both sizes is logged once per table.
 
         Parameters
         ----------
@@ -254,20 +286,28 @@ class CostTable:
 
         Returns
         -------
-        (profiled_bs, costs) or None
-            ``None`` when no profiled batch size is large enough (the caller falls back).
+        (profiled_bs, costs)
+            The row used and its batch size (always a row: the return type keeps ``None`` for
+            callers written against the former contract).
 
         Examples
         --------
         >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 2048, "0.5.23", "0.1")
         >>> t = CostTable.build(k, [4, 8], [[1, 2, 3, 4], [2, 3, 4, 5]])
-        >>> t.lookup(4)[0], t.lookup(9)
-        (4, None)
+        >>> t.lookup(4)[0], t.lookup(9)[0]
+        (4, 8)
         """
         for bs, row in zip(self.batch_sizes, self.step_ms):
             if bs >= batch_size:
                 return bs, row
-        return None
+        largest = self.batch_sizes[-1]
+        ident = (self.key, self.tiers, self.batch_sizes, self.created)
+        if ident not in _WARNED_BEYOND:
+            _WARNED_BEYOND.add(ident)
+            logger.warning("D-Cut: batch size %d is beyond the cost table (largest profiled batch size %d); "
+                           "using the costs of batch size %d (warned once; profile larger batch sizes with "
+                           "--dcut-profile-batch-sizes)", batch_size, largest, largest)
+        return largest, self.step_ms[-1]
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the file schema.
@@ -394,3 +434,57 @@ class CostTable:
             return cls.from_dict(data, expected_key=expected_key)
         except CostTableError as exc:
             raise CostTableError(f"{path}: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------- profiling helpers
+def cache_identity(key: CostTableKey, tiers: Sequence[float], batch_sizes: Sequence[int]) -> dict[str, Any]:
+    """What identifies a profiled table in the cache: the key plus the tiers and batch sizes.
+
+    Examples
+    --------
+    >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 64, "0.5.23", "0.1")
+    >>> sorted(cache_identity(k, (0.5, 1.0), (1, 4)))
+    ['batch_sizes', 'key', 'tiers']
+    """
+    return {"key": key.to_dict(), "tiers": [float(t) for t in tiers], "batch_sizes": [int(b) for b in batch_sizes]}
+
+
+def nearest_batch_size(bs: int, measured: Sequence[int]) -> int:
+    """The measured batch size nearest to ``bs`` (ties: the larger, the more conservative cost).
+
+    Examples
+    --------
+    >>> nearest_batch_size(64, [1, 4, 16]), nearest_batch_size(10, [4, 16]), nearest_batch_size(2, [1, 3])
+    (16, 16, 3)
+    """
+    if not measured:
+        raise ValueError("no measured batch size")
+    return min(measured, key=lambda m: (abs(m - bs), -m))
+
+
+def fill_from_nearest(
+    batch_sizes: Sequence[int], measured: dict[int, Sequence[float]]
+) -> tuple[list[list[float]], dict[int, int]]:
+    """Rows for every batch size: measured ones as they are, the others copied from the nearest
+    measured batch size (:func:`nearest_batch_size`).
+
+    Returns
+    -------
+    (rows, filled)
+        ``rows[i]`` for ``batch_sizes[i]``; ``filled`` maps each unmeasured batch size to the
+        batch size its row was copied from.
+
+    Examples
+    --------
+    >>> fill_from_nearest([1, 4, 64], {1: [1.0, 2.0], 4: [2.0, 3.0]})
+    ([[1.0, 2.0], [2.0, 3.0], [2.0, 3.0]], {64: 4})
+    """
+    if not measured:
+        raise ValueError("no measured batch size to fill the table from")
+    rows, filled = [], {}
+    for bs in batch_sizes:
+        src = bs if bs in measured else nearest_batch_size(bs, sorted(measured))
+        if src != bs:
+            filled[int(bs)] = int(src)
+        rows.append([float(c) for c in measured[src]])
+    return rows, filled

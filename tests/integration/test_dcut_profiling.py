@@ -10,11 +10,16 @@ Three launches with ``--dcut auto`` and one cache directory:
 2. same settings again: the cache is reused (``source == "cache"``, the very same table,
    ``created`` included: no second profiling);
 3. the cache file corrupted: a warning, the fixed fallback ratio 0.75 (``source == "fallback"``,
-   no table) and the server still serves lossless output.
+   no table) and the server still serves lossless output;
+4. other ``--dcut-tiers`` and batch sizes on the same cache directory: a new cache file is profiled
+   (not the old one refused as corrupt); a batch size whose requests do not fit the request pool is
+   skipped with a warning and its row copied from the nearest measured one; the prefill runs in groups
+   of ``--chunked-prefill-size`` tokens; the plan and the expected duration are logged first; the
+   server serves lossless output.
 
 The cost-table key, cache path and fallback decisions are also checked without an engine.
 
-Budget: < 4 min on the shared 2-core machine (three engine start-ups of ~45-75 s).
+Budget: < 5 min on the shared 2-core machine (four engine start-ups of ~45-75 s).
 """
 
 from __future__ import annotations
@@ -118,8 +123,58 @@ def test_cache_key_and_path_are_stable():
 
     k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "0.1.0")
     k2 = CostTableKey("m", "d", "cpu", 2, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "0.1.0")
-    assert cache_path(k, "/c") == cache_path(k, "/c") != cache_path(k2, "/c")
-    assert cache_path(k, "/c").startswith("/c/dcut-")
+    k3 = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "torch_sdpa", 128, "0.5.23", "0.1.0")
+    tiers, bss = (0.25, 0.5, 0.75, 1.0), (1, 4, 8)
+    path = cache_path(k, tiers, bss, "/c")
+    assert path == cache_path(k, list(tiers), list(bss), "/c") and path.startswith("/c/dcut-")
+    others = [cache_path(k2, tiers, bss, "/c"), cache_path(k3, tiers, bss, "/c"),  # key, profiling context
+              cache_path(k, (0.5, 1.0), bss, "/c"), cache_path(k, tiers, (1, 4, 8, 16), "/c")]  # tiers, sizes
+    assert len({path, *others}) == 5
+
+
+def test_profile_plan_skips_what_does_not_fit():
+    from sglang_ext.engine.dcut.profiler import plan_profile
+
+    # 4 x (64 + 14) = 312 slots fit in 90 % of 400; 8 x 78 = 624 do not; 65 > 64 request rows
+    plan = plan_profile([1, 4, 8, 65], context_len=64, reserve=14, kv_free=400, req_rows=64, prefill_tokens=128)
+    assert plan.measured == (4, 1)  # largest first: its first step gives the expected duration
+    assert sorted(plan.skipped) == [8, 65]
+    assert "624 KV slots exceed 90 % of the 400 free" in plan.skipped[8]
+    assert "65 requests exceed the 64 free request rows" in plan.skipped[65]
+    assert plan.group_size == 2  # 128 prefill tokens per forward / 64 context
+    assert plan_profile([4], 64, 14, 400, 64, 8).group_size == 1
+
+
+def test_second_setup_profiles_anew_and_fills_skipped_sizes(first_launch, tiny_models, tiny_prompts, cache_dir,
+                                                            capfd):
+    from sglang_ext.engine.dcut.client import dcut_info
+
+    prompts = [list(p) for p in tiny_prompts[:4]]
+    ref = hf_greedy(tiny_models.target, prompts, 16)
+    eng = make_engine(tiny_models.target, attention_backend="torch_sdpa", speculative_algorithm="EAGLE3",
+                      speculative_draft_model_path=tiny_models.draft, speculative_num_steps=STEPS,
+                      speculative_eagle_topk=TOPK, speculative_num_draft_tokens=N, max_running_requests=8,
+                      max_total_tokens=16384, chunked_prefill_size=128, dcut="auto", dcut_cache_dir=cache_dir,
+                      dcut_tiers="0.5,1.0", dcut_profile_batch_sizes="1,4,4096", dcut_profile_steps=2,
+                      dcut_profile_warmup=1, log_level="info")
+    try:
+        info = dcut_info(eng)
+        got = [o["output_ids"] for o in engine_generate(eng, prompts, 16)]
+    finally:
+        eng.shutdown()
+    log = capfd.readouterr().err
+    src = info["cost_table_info"]
+    assert src["source"] == "profiled", src  # not the first launch's file refused as corrupt
+    assert src["path"] != first_launch["cost_table_info"]["path"] and os.path.dirname(src["path"]) == cache_dir
+    table = info["cost_table"]
+    assert table["tiers"] == [0.5, 1.0] and table["batch_sizes"] == [1, 4, 4096]
+    assert table["step_ms"][2] == table["step_ms"][1]  # 4096 copied from 4, the nearest measured size
+    assert src["filled"] == {"4096": 4} and "request rows" in src["skipped"]["4096"]
+    assert "profiling skips batch size 4096" in log
+    assert re.search(r"D-Cut: profiling the cost table: batch sizes \[1, 4\] .* prefill groups of 2 requests", log)
+    plan_at, expected_at = log.index("D-Cut: profiling the cost table"), log.index("cost profiling expected to take")
+    assert plan_at < expected_at < log.index("D-Cut: profiled 2 batch sizes")
+    assert got == ref
 
 
 def test_profiler_doctests_and_interleaving():

@@ -3,7 +3,8 @@
 D-Cut cost table (in-process, through ``DCutRunner.init_after_graphs``, the call the worker makes
 once its graphs are ready; the scheduler's TP group is stubbed as a single rank):
 
-* ``--dcut-cost-table`` files that are corrupt in many ways, and a corrupt cost-table *cache*
+* ``--dcut-cost-table`` files that are corrupt in many ways (a file profiled for another server is
+  used, with one warning naming every differing key field), and a corrupt cost-table *cache*
   (truncated, binary, another setup's key, a directory): fallback ratio 0.75 with a warning,
   the error recorded in the table info, ``None`` published on the model config, the cache file
   left as it was (no silent re-profiling);
@@ -12,7 +13,9 @@ once its graphs are ready; the scheduler's TP group is stubbed as a single rank)
 
 Real engine (one launch, CPU testbed, tiny models): an EAGLE3 draft whose weights are NaN (every
 draft confidence NaN) with SpecExit (draft-confidence signals) and ``--dcut auto`` whose
-profiler fails for real (a profiled batch size larger than the request pool): the launch
+profiler cannot run for real (its only profiled batch size is larger than the request pool, so no
+batch size fits; a size that does not fit next to ones that do is filled instead, see
+``test_dcut_profiling.py``): the launch
 falls back with a warning, greedy output equals HF transformers token for token, SpecExit
 sees no signal and exits nothing, and no KV slot leaks.
 
@@ -81,6 +84,15 @@ def cache_setup(monkeypatch, single_rank):
     monkeypatch.setattr(profiler, "profile_batch_sizes", lambda cfg, worker: (1, 4))
     monkeypatch.setattr(profiler, "profile_context_len", lambda cfg, worker, max_bs: 64)
     monkeypatch.setattr(profiler, "cost_table_key", lambda worker, context_len: _key())
+    monkeypatch.setattr(profiler, "make_plan", lambda cfg, worker, bss, ctx: profiler.plan_profile(
+        bss, ctx, reserve=14, kv_free=1 << 20, req_rows=64, prefill_tokens=8192))
+
+
+def _cache_file(cache_dir):
+    """The cache file of the ``cache_setup`` server (key, tiers and batch sizes hashed)."""
+    from sglang_ext.engine.dcut import profiler
+
+    return profiler.cache_path(_key(), TIERS, (1, 4), str(cache_dir))
 
 
 def _launch(cfg, caplog):
@@ -137,7 +149,7 @@ def test_corrupt_cost_table_file_falls_back(single_rank, caplog, tmp_path, name,
     assert runner.table_info["path"] == str(path)
 
 
-def test_valid_cost_table_file_is_used(single_rank, caplog, tmp_path):
+def test_valid_cost_table_file_is_used(cache_setup, caplog, tmp_path):
     """The control case of the table above: the same file, uncorrupted, is loaded as is."""
     from sglang_ext.config import DCutConfig
     from sglang_ext.engine.dcut.profiler import MODEL_CONFIG_ATTR
@@ -147,6 +159,32 @@ def test_valid_cost_table_file_is_used(single_rank, caplog, tmp_path):
     runner, worker, warnings = _launch(DCutConfig(mode="auto", cost_table=str(path)), caplog)
     assert runner.table_info == {"source": "file", "path": str(path)} and not warnings
     assert getattr(worker.target_worker.model_runner.model_config, MODEL_CONFIG_ATTR) == _table_dict()
+
+
+def test_cost_table_file_of_another_setup_warns_naming_each_field(cache_setup, caplog, tmp_path):
+    """``--dcut-cost-table`` profiled for another server: used, with one warning naming every differing field."""
+    from sglang_ext.config import DCutConfig
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(_table_dict(key=_key(tp=2, context_len=2048, device="NVIDIA H200").to_dict())))
+    runner, worker, warnings = _launch(DCutConfig(mode="auto", cost_table=str(path)), caplog)
+    assert runner.cost_table is not None and runner.table_info["source"] == "file"
+    assert runner.table_info["key_mismatch"] == ["device", "tp", "context_len"]
+    (warning,) = warnings
+    for part in ("device: file 'NVIDIA H200' != server 'cpu:x86_64:2cpus'", "tp: file 2 != server 1",
+                 "context_len: file 2048 != server 64", str(path)):
+        assert part in warning, warning
+
+
+def test_cost_table_file_key_unverifiable_warns(single_rank, caplog, tmp_path):
+    """Without the server's runtime context the key cannot be compared: the table is used, with a warning."""
+    from sglang_ext.config import DCutConfig
+
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps(_table_dict()))
+    runner, worker, warnings = _launch(DCutConfig(mode="auto", cost_table=str(path)), caplog)
+    assert runner.cost_table is not None and runner.table_info["key_check"].startswith("not checked")
+    assert any("cannot compare the key of --dcut-cost-table" in w for w in warnings), warnings
 
 
 # ----------------------------------------------------------------------------- corrupt cache
@@ -179,7 +217,7 @@ def test_corrupt_cache_falls_back_without_reprofiling(cache_setup, monkeypatch, 
     monkeypatch.setattr(profiler, "profile_cost_table", must_not_profile)
     cache = tmp_path / "cache"
     cache.mkdir()
-    path = profiler.cache_path(_key(), str(cache))
+    path = _cache_file(cache)
     _write_cache(tmp_path / "cache" / os.path.basename(path), kind)
     before = sorted(os.listdir(cache))
     runner, worker, warnings = _launch(DCutConfig(mode="auto", cache_dir=str(cache)), caplog)
@@ -189,11 +227,10 @@ def test_corrupt_cache_falls_back_without_reprofiling(cache_setup, monkeypatch, 
 
 def test_binary_cache_error_names_the_file(cache_setup, caplog, tmp_path):
     from sglang_ext.config import DCutConfig
-    from sglang_ext.engine.dcut import profiler
 
     cache = tmp_path / "cache"
     cache.mkdir()
-    path = profiler.cache_path(_key(), str(cache))
+    path = _cache_file(cache)
     _write_cache(tmp_path / "cache" / os.path.basename(path), "binary")
     runner, _, warnings = _launch(DCutConfig(mode="auto", cache_dir=str(cache)), caplog)
     assert runner.table_info.get("path") == path and path in runner.table_info["error"]
@@ -229,7 +266,7 @@ def test_unwritable_cache_keeps_the_profiled_table(cache_setup, monkeypatch, cap
     from sglang_ext.engine.dcut import profiler
 
     monkeypatch.setattr(profiler, "profile_cost_table",
-                        lambda runner, worker, key, bss: CostTable.from_dict(_table_dict()))
+                        lambda runner, worker, key, plan: CostTable.from_dict(_table_dict()))
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the cache directory should be")
     runner, worker, warnings = _launch(DCutConfig(mode="auto", cache_dir=str(blocker / "dcut")), caplog)
@@ -328,7 +365,7 @@ def faulty_run(tiny_models, tmp_path_factory):
                       specexit=True, specexit_method="confidence", specexit_signal_source="draft-confidence",
                       specexit_ewma_alpha=1.0, specexit_confidence_threshold=0.0,
                       dcut="auto", dcut_cache_dir=str(tmp_path_factory.mktemp("dcut_cache")),
-                      dcut_profile_batch_sizes="1,4096", dcut_profile_steps=1, dcut_profile_warmup=0)
+                      dcut_profile_batch_sizes="4096", dcut_profile_steps=1, dcut_profile_warmup=0)
     try:
         start = dcut_states(eng)[0]["kv_pool"]
         info = dcut_info(eng)
@@ -347,7 +384,8 @@ def faulty_run(tiny_models, tmp_path_factory):
 def test_failing_profiler_in_the_scheduler_falls_back(faulty_run):
     src = faulty_run.info["cost_table_info"]
     assert src["source"] == "fallback", src
-    assert "profiling failed" in src["error"] and "alloc_req_slots" in src["error"], src
+    assert "profiling failed" in src["error"] and "no profiled batch size fits" in src["error"], src
+    assert "4096 requests exceed the" in src["error"], src
     assert faulty_run.info["cost_table"] is None and faulty_run.info["hf_config_matches"] is True
     hist = faulty_run.dcut["metrics"]["tier_histogram"]
     assert faulty_run.dcut["metrics"]["steps"] > 0 and hist, faulty_run.dcut["metrics"]

@@ -5,6 +5,7 @@ Budget: < 2 s.
 
 import dataclasses
 import json
+import logging
 
 import pytest
 
@@ -50,13 +51,43 @@ def test_round_trip_and_exact_schema(tmp_path):
     assert not list(tmp_path.glob("*.tmp*"))                # the temporary file was renamed
 
 
-def test_lookup_uses_smallest_profiled_batch_size_at_least_bs():
+def test_lookup_uses_smallest_profiled_batch_size_at_least_bs(caplog):
     t = _table()
-    assert t.lookup(1) == (1, (1.0, 1.5, 2.0, 2.5))
-    assert t.lookup(2) == (4, (2.0, 3.0, 4.0, 5.0))
-    assert t.lookup(4) == (4, (2.0, 3.0, 4.0, 5.0))
-    assert t.lookup(5)[0] == 16 and t.lookup(16)[0] == 16
-    assert t.lookup(17) is None
+    with caplog.at_level(logging.WARNING):
+        assert t.lookup(1) == (1, (1.0, 1.5, 2.0, 2.5))
+        assert t.lookup(2) == (4, (2.0, 3.0, 4.0, 5.0))
+        assert t.lookup(4) == (4, (2.0, 3.0, 4.0, 5.0))
+        assert t.lookup(5)[0] == 16 and t.lookup(16)[0] == 16
+    assert not caplog.records
+
+
+def test_lookup_beyond_the_table_uses_the_largest_row_and_warns_once(caplog):
+    t = CostTable.build(KEY, [1, 4, 16], [[1.0, 1.5, 2.0, 2.5], [2.0, 3.0, 4.0, 5.0], [5.0, 9.0, 13.0, 17.5]],
+                        created="2026-05-06T07:08:09+00:00")  # a table no other test has looked up
+    with caplog.at_level(logging.WARNING):
+        assert t.lookup(17) == (16, (5.0, 9.0, 13.0, 17.5))
+        assert t.lookup(64) == (16, (5.0, 9.0, 13.0, 17.5))
+    (record,) = caplog.records
+    assert "batch size 17 is beyond the cost table (largest profiled batch size 16)" in record.getMessage()
+
+
+def test_cache_identity_and_fill_from_nearest():
+    from sglang_ext.dcut.cost_table import cache_identity, fill_from_nearest, nearest_batch_size
+
+    ident = cache_identity(KEY, (0.5, 1.0), (1, 4))
+    assert ident == {"key": KEY.to_dict(), "tiers": [0.5, 1.0], "batch_sizes": [1, 4]}
+    assert [nearest_batch_size(b, [1, 4, 16]) for b in (2, 3, 10, 11, 64)] == [1, 4, 16, 16, 16]
+    rows, filled = fill_from_nearest([1, 2, 8, 64], {1: [1.0, 2.0], 8: [3.0, 4.0]})
+    assert rows == [[1.0, 2.0], [1.0, 2.0], [3.0, 4.0], [3.0, 4.0]] and filled == {2: 1, 64: 8}
+    with pytest.raises(ValueError):
+        fill_from_nearest([1], {})
+
+
+def test_key_differences_name_each_field():
+    other = dataclasses.replace(KEY, tp=2, attention_backend="flashinfer")
+    assert KEY.differences(other) == ["tp: file 1 != server 2",
+                                      "attention_backend: file 'torch_sdpa' != server 'flashinfer'"]
+    assert KEY.differences(KEY) == []
 
 
 def _mutations():

@@ -3,16 +3,30 @@
 :func:`obtain_cost_table` is called by :meth:`DCutRunner.init_after_graphs` at the end of the
 worker's ``init_cuda_graphs`` (target and draft graphs are ready). In order:
 
-1. ``--dcut-cost-table PATH``: load that file, no profiling (a key that differs from this
-   server is reported as a warning; tiers must equal ``--dcut-tiers``);
-2. the cache ``<cache dir>/dcut-<hash of the key>.json`` when it exists (a corrupt file gives a
-   warning and the fixed fallback ratio 0.75, never a crash);
+1. ``--dcut-cost-table PATH``: load that file, no profiling (one warning naming every key field
+   that differs from this server, e.g. ``tp: file 1 != server 2``; tiers must equal ``--dcut-tiers``);
+2. the cache ``<cache dir>/dcut-<hash>.json`` when it exists (a corrupt file gives a warning and
+   the fixed fallback ratio 0.75, never a crash);
 3. otherwise profile, then write the cache atomically.
 
 The key (``sglang_ext.dcut.CostTableKey``): target and draft model, device name, TP size,
 dtype, draft tokens, topk, steps, attention backend, profiling context length, and the
-SGLang / sglang_ext versions. The cache directory is ``--dcut-cache-dir`` or
-``$XDG_CACHE_HOME/sglang_ext/dcut`` (``~/.cache/sglang_ext/dcut``).
+SGLang / sglang_ext versions. The cache file name hashes the key *and* the tiers and profiled
+batch sizes (``sglang_ext.dcut.cache_identity``): a changed ``--dcut-tiers`` or
+``--max-running-requests`` profiles anew instead of failing on the old file. The cache directory is
+``--dcut-cache-dir`` or ``$XDG_CACHE_HOME/sglang_ext/dcut`` (``~/.cache/sglang_ext/dcut``).
+
+**Bounded memory** (:func:`plan_profile`). The profiling context is ``--dcut-profile-context-len``,
+else ``min(2048, context length)`` on GPU and 64 on CPU, lowered (not below
+``MIN_AUTO_CONTEXT_LEN``) so that the largest batch fits in 90 % of the free KV pool. A batch size
+whose requests do not fit (``bs x (context + decode reserve)`` KV slots, or ``bs`` request rows) is
+not run: a warning names it and its row is copied from the nearest measured batch size
+(``cost_table_info["filled"]``); with no batch size left the launch falls back with a warning. The
+prefill of a profiled batch runs in groups of at most the server's prefill token budget
+(``--chunked-prefill-size``, else ``--max-prefill-tokens``), merged into one decode batch as the
+scheduler merges new requests into its running batch, so no forward is wider than the server's own.
+The plan and the expected duration are logged before the first batch is timed (the estimate comes
+from the first step of the largest batch size, which is profiled first).
 
 What is timed (docs/algorithms.md#d-cut-cost-profiling): a *full speculative decode step* of the real worker
 (``draft`` + pruned ``verify`` at a fixed tier + draft extend), for every profiled batch size
@@ -47,6 +61,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from sglang_ext.dcut import CostTable, CostTableError, CostTableKey
+from sglang_ext.dcut.cost_table import cache_identity, fill_from_nearest
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +73,8 @@ __all__ = [
     "default_cache_dir",
     "profile_batch_sizes",
     "profile_context_len",
+    "plan_profile",
+    "ProfilePlan",
     "CPU_PROFILE_BATCH_SIZES",
     "GPU_PROFILE_CONTEXT_LEN",
     "CPU_PROFILE_CONTEXT_LEN",
@@ -68,6 +85,11 @@ __all__ = [
 CPU_PROFILE_BATCH_SIZES = (1, 4, 8, 16, 32, 64)
 GPU_PROFILE_CONTEXT_LEN = 2048
 CPU_PROFILE_CONTEXT_LEN = 64
+#: Lowest default profiling context when the KV pool is small for the largest batch (larger batch
+#: sizes that do not fit at this context are skipped and filled instead).
+MIN_AUTO_CONTEXT_LEN = 256
+#: Prefill tokens per profiling forward when the server has no chunked-prefill / max-prefill budget.
+DEFAULT_PREFILL_TOKENS = 8192
 MODEL_CONFIG_ATTR = "dcut_cost_table"
 MODEL_CONFIG_INFO_ATTR = "dcut_cost_table_info"
 _KV_HEADROOM = 0.9  # share of the free KV pool the profiling batch may take
@@ -80,16 +102,19 @@ def default_cache_dir() -> str:
     return os.path.join(base, "sglang_ext", "dcut")
 
 
-def cache_path(key: CostTableKey, cache_dir: Optional[str] = None) -> str:
-    """Cache file of a key: ``<dir>/dcut-<sha256(key)[:16]>.json``.
+def cache_path(key: CostTableKey, tiers: Sequence[float], batch_sizes: Sequence[int],
+               cache_dir: Optional[str] = None) -> str:
+    """Cache file of a profiling setup: ``<dir>/dcut-<sha256(key, tiers, batch sizes)[:16]>.json``.
 
     Examples
     --------
     >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 64, "0.5.23", "0.1")
-    >>> os.path.basename(cache_path(k, "/x"))
-    'dcut-70dc43d9f09565ee.json'
+    >>> a = cache_path(k, (0.25, 0.5, 0.75, 1.0), (1, 4), "/x")
+    >>> a.startswith("/x/dcut-"), a == cache_path(k, (0.5, 1.0), (1, 4), "/x"), a == cache_path(k, (0.25, 0.5, 0.75, 1.0), (1, 8), "/x")
+    (True, False, False)
     """
-    digest = hashlib.sha256(json.dumps(key.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    ident = json.dumps(cache_identity(key, tiers, batch_sizes), sort_keys=True)
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
     return os.path.join(cache_dir or default_cache_dir(), f"dcut-{digest}.json")
 
 
@@ -167,22 +192,103 @@ def profile_batch_sizes(cfg: Any, worker: Any) -> Tuple[int, ...]:
     return tuple(sorted(set(base + [max_bs])))
 
 
+def _decode_reserve(worker: Any) -> int:
+    """KV slots a profiled request needs beyond its context (draft tree + verify window)."""
+    n = int(worker.speculative_num_draft_tokens)
+    return 2 * max(int(worker.speculative_num_steps) * int(worker.topk), n) + n + 2
+
+
 def profile_context_len(cfg: Any, worker: Any, max_bs: int) -> int:
-    """Context length of the profiling requests: ``--dcut-profile-context-len``, else
-    ``min(2048, context_len)`` on GPU and 64 on CPU, capped so that ``max_bs`` requests
-    (context + decode reserve) fit in 90 % of the free KV pool."""
+    """Context length of the profiling requests: ``--dcut-profile-context-len`` (only capped by the
+    model's context), else ``min(2048, context_len)`` on GPU and 64 on CPU, lowered so that
+    ``max_bs`` requests (context + decode reserve) fit in 90 % of the free KV pool, but not below
+    ``min(that, MIN_AUTO_CONTEXT_LEN)`` (:func:`plan_profile` then skips the batch sizes that do not fit)."""
     runner = worker.target_worker.model_runner
     model_ctx = int(runner.model_config.context_len)
-    n = int(worker.speculative_num_draft_tokens)
-    reserve = 2 * max(int(worker.speculative_num_steps) * int(worker.topk), n) + n + 2
+    reserve = _decode_reserve(worker)
     if cfg.profile_context_len is not None:
-        want = int(cfg.profile_context_len)
-    else:
-        want = CPU_PROFILE_CONTEXT_LEN if _is_cpu_device(worker) else GPU_PROFILE_CONTEXT_LEN
+        return max(1, min(int(cfg.profile_context_len), model_ctx - reserve))
+    want = CPU_PROFILE_CONTEXT_LEN if _is_cpu_device(worker) else GPU_PROFILE_CONTEXT_LEN
     want = min(want, model_ctx - reserve)
     free = int(runner.token_to_kv_pool_allocator.available_size())
     fit = int(free * _KV_HEADROOM) // max(1, max_bs) - reserve
-    return max(1, min(want, fit))
+    return max(1, min(want, max(fit, MIN_AUTO_CONTEXT_LEN)))
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    """What the profiler runs (see the module docstring, "Bounded memory").
+
+    Attributes
+    ----------
+    batch_sizes : tuple of int
+        Every batch size of the table.
+    measured : tuple of int
+        The batch sizes that fit and are timed (in the order they are run: largest first).
+    skipped : dict
+        ``{bs: reason}`` of the batch sizes that do not fit (their rows are filled).
+    context_len : int
+        Context tokens per profiling request.
+    prefill_tokens : int
+        Most prefill tokens per profiling forward.
+    """
+
+    batch_sizes: Tuple[int, ...]
+    measured: Tuple[int, ...]
+    skipped: Dict[int, str]
+    context_len: int
+    prefill_tokens: int
+
+    @property
+    def group_size(self) -> int:
+        """Requests per prefill forward."""
+        return max(1, self.prefill_tokens // max(1, self.context_len))
+
+
+def plan_profile(batch_sizes: Sequence[int], context_len: int, reserve: int, kv_free: int, req_rows: int,
+                 prefill_tokens: int) -> ProfilePlan:
+    """Which batch sizes fit: ``bs * (context_len + reserve) <= 90 % of kv_free`` and ``bs <= req_rows``.
+
+    Examples
+    --------
+    >>> p = plan_profile([1, 4, 64], context_len=64, reserve=14, kv_free=4096, req_rows=65, prefill_tokens=256)
+    >>> p.measured, sorted(p.skipped), p.group_size
+    ((4, 1), [64], 4)
+    """
+    budget = int(kv_free * _KV_HEADROOM)
+    skipped: Dict[int, str] = {}
+    for bs in batch_sizes:
+        need = int(bs) * (int(context_len) + int(reserve))
+        if int(bs) > int(req_rows):
+            skipped[int(bs)] = f"{bs} requests exceed the {req_rows} free request rows"
+        elif need > budget:
+            skipped[int(bs)] = (f"{bs} x ({context_len} context + {reserve} decode) = {need} KV slots exceed "
+                                f"90 % of the {kv_free} free")
+    measured = tuple(sorted((int(b) for b in batch_sizes if int(b) not in skipped), reverse=True))
+    return ProfilePlan(tuple(int(b) for b in batch_sizes), measured, skipped, int(context_len), int(prefill_tokens))
+
+
+def _prefill_token_budget() -> int:
+    """The server's most prefill tokens per forward (``--chunked-prefill-size``, else ``--max-prefill-tokens``)."""
+    try:
+        from sglang.srt.runtime_context import get_schedule
+
+        sched = get_schedule()
+        for value in (getattr(sched, "chunked_prefill_size", None), getattr(sched, "max_prefill_tokens", None)):
+            if value is not None and int(value) > 0:
+                return int(value)
+    except Exception:
+        pass
+    return DEFAULT_PREFILL_TOKENS
+
+
+def make_plan(cfg: Any, worker: Any, batch_sizes: Sequence[int], context_len: int) -> ProfilePlan:
+    """:func:`plan_profile` with this server's free KV slots, request rows and prefill budget."""
+    target = worker.target_worker.model_runner
+    r2t = target.req_to_token_pool
+    rows = int(r2t.available_size()) if hasattr(r2t, "available_size") else int(r2t.size)
+    return plan_profile(batch_sizes, context_len, _decode_reserve(worker),
+                        int(target.token_to_kv_pool_allocator.available_size()), rows, _prefill_token_budget())
 
 
 # ----------------------------------------------------------------------------- profiling run
@@ -287,33 +393,51 @@ def _release(reqs: Sequence[Any], req_to_token_pool: Any, allocator: Any) -> Non
                 pass
 
 
-def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int, tiers: Sequence[float],
-                            warmup: int, steps: int, seed: int) -> List[float]:
-    """Mean full-step ms for every tier at batch size ``bs``."""
+def _prefill_in_groups(worker: Any, reqs: Sequence[Any], group_size: int, tree_cache: Any) -> Any:
+    """Prefill ``reqs`` through the worker ``group_size`` requests per forward and merge the groups
+    into one decode-ready ``ScheduleBatch`` (``merge_batch``, as the scheduler merges a new prefill
+    batch into its running batch)."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
+    target = worker.target_worker.model_runner
+    batch = None
+    for start in range(0, len(reqs), group_size):
+        part = ScheduleBatch.init_new(
+            reqs=list(reqs[start:start + group_size]),
+            req_to_token_pool=target.req_to_token_pool,
+            token_to_kv_pool_allocator=target.token_to_kv_pool_allocator,
+            tree_cache=tree_cache,
+            model_config=target.model_config,
+            enable_overlap=False,
+            spec_algorithm=target.spec_algorithm,
+        )
+        part.prepare_for_extend()
+        if part.input_ids is None and getattr(part, "prefill_input_ids_cpu", None) is not None:
+            part.input_ids = part.prefill_input_ids_cpu.to(part.device, non_blocking=True)
+            part.prefill_input_ids_cpu = None
+        res = worker.forward_batch_generation(part)
+        part.spec_info = res.next_draft_input
+        if batch is None:
+            batch = part
+        else:
+            batch.merge_batch(part)
+    return batch
+
+
+def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int, tiers: Sequence[float],
+                            warmup: int, steps: int, seed: int, group_size: Optional[int] = None,
+                            on_first_step=None) -> List[float]:
+    """Median full-step ms for every tier at batch size ``bs`` (prefill in groups of ``group_size``
+    requests; ``on_first_step(ms)`` is called after the first decode step)."""
     target = worker.target_worker.model_runner
     r2t = target.req_to_token_pool
     allocator = target.token_to_kv_pool_allocator
     tree_cache = _TreeCacheStub(allocator.page_size, target.device, allocator, r2t)
     reqs = _synthetic_reqs(bs, context_len, int(target.model_config.vocab_size), seed)
-    batch = ScheduleBatch.init_new(
-        reqs=reqs,
-        req_to_token_pool=r2t,
-        token_to_kv_pool_allocator=allocator,
-        tree_cache=tree_cache,
-        model_config=target.model_config,
-        enable_overlap=False,
-        spec_algorithm=target.spec_algorithm,
-    )
     costs: List[float] = []
+    first = [on_first_step]
     try:
-        batch.prepare_for_extend()
-        if batch.input_ids is None and getattr(batch, "prefill_input_ids_cpu", None) is not None:
-            batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device, non_blocking=True)
-            batch.prefill_input_ids_cpu = None
-        res = worker.forward_batch_generation(batch)
-        batch.spec_info = res.next_draft_input
+        batch = _prefill_in_groups(worker, reqs, max(1, int(group_size or bs)), tree_cache)
 
         def step(ratio: float) -> float:
             runner.forced_ratio = float(ratio)
@@ -325,6 +449,9 @@ def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int,
             elapsed_ms = (time.perf_counter() - t0) * 1e3
             batch.spec_info = res.next_draft_input
             batch.input_ids = None
+            if first[0] is not None:
+                callback, first[0] = first[0], None
+                callback(elapsed_ms)
             return elapsed_ms
 
         for ratio in tiers:
@@ -349,23 +476,50 @@ def _progress(total: int, desc: str):
         return None
 
 
-def profile_cost_table(runner: Any, worker: Any, key: CostTableKey,
-                       batch_sizes: Sequence[int]) -> CostTable:
-    """Time full speculative steps for every (batch size, tier) on this rank (see the module docstring)."""
+def expected_profile_s(plan: ProfilePlan, num_tiers: int, warmup: int, steps: int, step_ms: float) -> float:
+    """Upper estimate of the profiling time from one step at the largest batch size (every step
+    costs at most that; the prefills are not counted).
+
+    Examples
+    --------
+    >>> p = ProfilePlan((1, 4), (4, 1), {}, 64, 8192)
+    >>> expected_profile_s(p, 4, 3, 5, 100.0)
+    6.4
+    """
+    return len(plan.measured) * num_tiers * (warmup + steps) * step_ms / 1e3
+
+
+def profile_cost_table(runner: Any, worker: Any, key: CostTableKey, plan: ProfilePlan) -> CostTable:
+    """Time full speculative steps for every measured (batch size, tier) on this rank, largest batch
+    size first, and fill the skipped batch sizes (see the module docstring)."""
     cfg = runner.cfg
     tiers = tuple(runner.tiers)
+    warmup, steps = int(cfg.profile_warmup), int(cfg.profile_steps)
+    if not plan.measured:
+        raise RuntimeError(f"no profiled batch size fits this server ({'; '.join(plan.skipped.values())})")
     allocator = worker.target_worker.model_runner.token_to_kv_pool_allocator
     free_before = int(allocator.available_size())
-    bar = _progress(len(batch_sizes) * len(tiers), "D-Cut cost profiling")
-    rows: List[List[float]] = []
+    logger.info("D-Cut: profiling the cost table: batch sizes %s x tiers %s, %d warm-up + %d timed steps each, "
+                "context %d, prefill groups of %d requests", list(plan.measured[::-1]), list(tiers), warmup, steps,
+                plan.context_len, plan.group_size)
+    for bs, reason in plan.skipped.items():
+        logger.warning("D-Cut: profiling skips batch size %d (%s); its costs are copied from the nearest measured "
+                       "batch size", bs, reason)
+
+    def announce(step_ms: float) -> None:
+        logger.info("D-Cut: cost profiling expected to take <= %.0f s (a step at batch size %d takes %.1f ms)",
+                    expected_profile_s(plan, len(tiers), warmup, steps, step_ms), plan.measured[0], step_ms)
+
+    bar = _progress(len(plan.measured) * len(tiers), "D-Cut cost profiling")
+    measured: Dict[int, List[float]] = {}
     t0 = time.perf_counter()
     metrics_before = runner.metrics
     try:
         with torch.no_grad():
-            for i, bs in enumerate(batch_sizes):
-                row = _profile_one_batch_size(worker, runner, bs, key.context_len, tiers,
-                                              int(cfg.profile_warmup), int(cfg.profile_steps), seed=i)
-                rows.append(row)
+            for i, bs in enumerate(plan.measured):
+                row = _profile_one_batch_size(worker, runner, bs, plan.context_len, tiers, warmup, steps, seed=i,
+                                              group_size=plan.group_size, on_first_step=announce if i == 0 else None)
+                measured[bs] = row
                 if bar is not None:
                     bar.update(len(tiers))
                     bar.set_postfix(bs=bs, ms=",".join(f"{c:.1f}" for c in row))
@@ -376,9 +530,10 @@ def profile_cost_table(runner: Any, worker: Any, key: CostTableKey,
     free_after = int(allocator.available_size())
     if free_after != free_before:
         raise RuntimeError(f"profiling leaked KV slots (free {free_before} -> {free_after})")
-    logger.info("D-Cut: profiled %d batch sizes x %d tiers in %.1f s", len(batch_sizes), len(tiers),
+    logger.info("D-Cut: profiled %d batch sizes x %d tiers in %.1f s", len(plan.measured), len(tiers),
                 time.perf_counter() - t0)
-    return CostTable.build(key, batch_sizes, rows, tiers=tiers)
+    rows, _ = fill_from_nearest(plan.batch_sizes, measured)
+    return CostTable.build(key, plan.batch_sizes, rows, tiers=tiers)
 
 
 # ----------------------------------------------------------------------------- TP agreement
@@ -414,6 +569,39 @@ def _check_tiers(table: CostTable, tiers: Sequence[float], where: str) -> None:
         raise CostTableError(f"{where}: tiers {list(table.tiers)} differ from --dcut-tiers {list(tiers)}")
 
 
+def _check_batch_sizes(table: CostTable, batch_sizes: Sequence[int], where: str) -> None:
+    if tuple(table.batch_sizes) != tuple(int(b) for b in batch_sizes):
+        raise CostTableError(f"{where}: batch sizes {list(table.batch_sizes)} differ from the profiled "
+                             f"{list(batch_sizes)}")
+
+
+def _server_key_for_file(runner: Any, worker: Any) -> CostTableKey:
+    """This server's key as profiling would compute it (for ``--dcut-cost-table`` warnings)."""
+    batch_sizes = profile_batch_sizes(runner.cfg, worker)
+    return cost_table_key(worker, profile_context_len(runner.cfg, worker, max(batch_sizes)))
+
+
+def key_warning(file_key: CostTableKey, server_key: Optional[CostTableKey], path: str) -> Optional[str]:
+    """The ``--dcut-cost-table`` warning: every key field that differs from the server (None when equal).
+
+    Examples
+    --------
+    >>> import dataclasses
+    >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 64, "0.5.23", "0.1")
+    >>> print(key_warning(k, dataclasses.replace(k, tp=2), "t.json"))
+    D-Cut: --dcut-cost-table t.json was profiled for another setup (tp: file 1 != server 2); its costs are used as they are
+    >>> key_warning(k, k, "t.json") is None
+    True
+    """
+    if server_key is None:
+        return None
+    diff = file_key.differences(server_key)
+    if not diff:
+        return None
+    return (f"D-Cut: --dcut-cost-table {path} was profiled for another setup ({'; '.join(diff)}); "
+            "its costs are used as they are")
+
+
 def obtain_cost_table(runner: Any, worker: Any) -> Tuple[Optional[CostTable], Dict[str, Any]]:
     """The cost table for this server and where it came from (see the module docstring).
 
@@ -443,19 +631,33 @@ def obtain_cost_table(runner: Any, worker: Any) -> Tuple[Optional[CostTable], Di
             logger.warning("D-Cut: --dcut-cost-table unusable (%s); fallback ratio 0.75", err)
             return None, {"source": "fallback", "path": cfg.cost_table, "error": err}
         table = CostTable.from_dict(data)
+        info: Dict[str, Any] = {"source": "file", "path": cfg.cost_table}
+        try:
+            server_key = _server_key_for_file(runner, worker)
+        except Exception as e:  # the key needs the runtime context; the table is still usable
+            server_key = None
+            logger.warning("D-Cut: cannot compare the key of --dcut-cost-table %s with this server (%s: %s)",
+                           cfg.cost_table, type(e).__name__, e)
+            info["key_check"] = f"not checked: {type(e).__name__}: {e}"
+        warning = key_warning(table.key, server_key, cfg.cost_table)
+        if warning is not None:
+            if rank0:
+                logger.warning(warning)
+            info["key_mismatch"] = table.key.mismatches(server_key)
         logger.info("D-Cut: cost table from --dcut-cost-table %s", cfg.cost_table)
-        return table, {"source": "file", "path": cfg.cost_table}
+        return table, info
 
     batch_sizes = profile_batch_sizes(cfg, worker)
     context_len = profile_context_len(cfg, worker, max(batch_sizes))
     key = cost_table_key(worker, context_len)
-    path = cache_path(key, cfg.cache_dir)
+    path = cache_path(key, runner.tiers, batch_sizes, cfg.cache_dir)
 
     if os.path.exists(path):
         def load_cache():
             try:
                 table = CostTable.load(path, expected_key=key)
                 _check_tiers(table, runner.tiers, path)
+                _check_batch_sizes(table, batch_sizes, path)
             except CostTableError as e:
                 return None, str(e)
             return table.to_dict(), None
@@ -469,15 +671,21 @@ def obtain_cost_table(runner: Any, worker: Any) -> Tuple[Optional[CostTable], Di
         return CostTable.from_dict(data), {"source": "cache", "path": path}
 
     t0 = time.perf_counter()
+    plan = None
     try:
-        table = profile_cost_table(runner, worker, key, batch_sizes)
+        plan = make_plan(cfg, worker, batch_sizes, context_len)
+        table = profile_cost_table(runner, worker, key, plan)
         rows = max_over_ranks([list(r) for r in table.step_ms], group)
         data = _broadcast_from_rank0(CostTable.build(key, batch_sizes, rows, tiers=runner.tiers).to_dict(), group)
         table = CostTable.from_dict(data)
     except Exception as e:
         logger.warning("D-Cut: cost profiling failed (%s: %s); fallback ratio 0.75", type(e).__name__, e)
         return None, {"source": "fallback", "error": f"profiling failed: {type(e).__name__}: {e}"}
-    info: Dict[str, Any] = {"source": "profiled", "path": path, "profile_s": round(time.perf_counter() - t0, 2)}
+    info = {"source": "profiled", "path": path, "profile_s": round(time.perf_counter() - t0, 2)}
+    if plan.skipped:
+        _, filled = fill_from_nearest(plan.batch_sizes, {b: [1.0] for b in plan.measured})
+        info["filled"] = {str(b): src for b, src in filled.items()}
+        info["skipped"] = {str(b): reason for b, reason in plan.skipped.items()}
     if rank0:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
