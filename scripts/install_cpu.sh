@@ -14,7 +14,13 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 export PIP_CONSTRAINT="$PWD/scripts/constraints-cpu.txt"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-PIP=(.venv/bin/python -m pip install --quiet)
+# pip install --quiet; drops only pip's notes about configured index locations that do not exist on
+# this host ("WARNING: Location '...' is ignored"); pip's exit status and every other line are kept
+pip_install() {
+  .venv/bin/python -m pip install --quiet "$@" \
+    2> >(grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$" >&2)
+}
+PIP=(pip_install)
 if [ -n "${TORCH_INDEX_URL:-}" ]; then
   "${PIP[@]}" --index-url "$TORCH_INDEX_URL" torch==2.13.0
 else

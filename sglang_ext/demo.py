@@ -61,9 +61,11 @@ def free_port() -> int:
 
 
 def server_command(models: DemoModels, port: int, extra: Optional[List[str]] = None,
-                   config: str = DEMO_CONFIG) -> List[str]:
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--config", config, "--model-path", models.target,
-           "--speculative-draft-model-path", models.draft, "--host", "127.0.0.1", "--port", str(port)]
+                   config: str = DEMO_CONFIG, launcher: Optional[List[str]] = None) -> List[str]:
+    """The server's command line; ``launcher`` replaces ``python -m sglang.launch_server`` (tests)."""
+    launcher = list(launcher or [sys.executable, "-m", "sglang.launch_server"])
+    cmd = launcher + ["--config", config, "--model-path", models.target,
+                      "--speculative-draft-model-path", models.draft, "--host", "127.0.0.1", "--port", str(port)]
     if not models.trained:
         # the random tiny draft has no SpecExit rows: use the training-free signal
         cmd += ["--specexit-signal-source", "draft-confidence", "--specexit-method", "confidence"]
@@ -108,15 +110,17 @@ def extension_info(base_url: str) -> dict:
 
 @contextlib.contextmanager
 def running_server(models: DemoModels, extra: Optional[List[str]] = None, config: str = DEMO_CONFIG,
-                   log_path: Optional[str] = None, timeout_s: float = 600.0, env: Optional[Dict[str, str]] = None):
+                   log_path: Optional[str] = None, timeout_s: float = 600.0, env: Optional[Dict[str, str]] = None,
+                   launcher: Optional[List[str]] = None):
     """Launch the demo server in the CPU testbed environment; yields its base URL; stops it on exit.
 
-    ``env`` adds environment variables of the server process (over the CPU testbed environment)."""
+    ``env`` adds environment variables of the server process (over the CPU testbed environment);
+    ``launcher`` replaces ``python -m sglang.launch_server`` in the command line."""
     from sglang_ext.engine.cpu.standins import cpu_testbed_env
 
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    cmd = server_command(models, port, extra, config=config)
+    cmd = server_command(models, port, extra, config=config, launcher=launcher)
     print("[demo] launching:", " ".join(cmd), flush=True)
     proc_env = cpu_testbed_env()
     proc_env.update(env or {})

@@ -214,7 +214,7 @@ def _change_marker(dcut: Any, specexit: Any) -> Tuple[Any, ...]:
     marker: Tuple[Any, ...] = ()
     if dcut is not None:
         m = dcut.metrics
-        marker += (id(m), m.steps, m.verified_tokens)
+        marker += (id(m), m.steps)  # every verify step counts one (the token sums may be folded lazily)
     if specexit is not None:
         st = specexit.stats
         marker += (id(st), st.finished_thinking_requests, sum(st.exits_by_reason.values()))
