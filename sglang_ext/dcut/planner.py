@@ -130,7 +130,7 @@ class DCutPlan:
     utilities : tuple of float or None
         Auto mode: ``(expected committed tokens) / (predicted cost)`` per tier; else ``None``.
     profiled_batch_size : int or None
-        Auto mode: the table row used (smallest profiled bs >= ``batch_size``).
+        Auto mode: the table row used (smallest profiled bs >= ``batch_size``, else the largest).
     tiers : tuple of float
         The tier ratios ``tier_index`` refers to.
     tier_widths : tuple of int
@@ -414,7 +414,7 @@ def _policy_off(inp: PolicyInput) -> TierChoice:
 
 def _policy_auto(inp: PolicyInput) -> TierChoice:
     """``auto``: the tier of best expected committed tokens per predicted ms (fallback ratio
-    0.75 without a profiled row for the batch size, warned once)."""
+    0.75 without a cost table, warned once)."""
     table = inp.cost_table
     row = table.lookup(inp.batch_size) if table is not None else None
     if row is None:
@@ -493,9 +493,9 @@ def choose(
     * ``"auto"``: with ``bs'`` the smallest profiled batch size ``>= bs``, choose
       ``argmax_q (bs + S(keep_q)) / C_q`` (exact ties: cheaper, then lower tier), ``C_q`` the
       profiled cost of the forward of tier ``q`` (:func:`forward_costs`; the table's
-      ``C(bs', rho_q)`` without exempt requests). Without a table, or without a row ``>= bs``,
-      use the fallback ratio 0.75 as a fixed ratio and log a warning once (logger
-      ``"sglang_ext.dcut"``).
+      ``C(bs', rho_q)`` without exempt requests; a batch beyond the table uses its largest row,
+      see ``CostTable.lookup``). Without a table, use the fallback ratio 0.75 as a fixed ratio
+      and log a warning once (logger ``"sglang_ext.dcut"``).
     * a ratio in ``(0, 1]`` (float, ``Fraction`` or numeric string): keep
       ``ceil(nb * N * ratio) - nb`` slots (clipped, ``nb`` the scored requests);
       ``tier_index`` is the smallest tier that fits; no table is needed.

@@ -200,21 +200,22 @@ def test_unknown_mode_raises():
         choose(torch.full((2, 3), 0.5), None, mode="fastest")
 
 
-def test_fallback_without_row_warns_once(caplog):
+def test_fallback_without_a_table_warns_once(caplog):
     reset_fallback_warning()
-    table = _table([1, 2], [[1, 2, 3, 4], [1, 2, 3, 4]])
     s = torch.full((4, 3), 0.5)
     with caplog.at_level(logging.WARNING, logger="sglang_ext.dcut"):
-        p1 = choose(s, table)
-        p2 = choose(s, table)
-        p3 = choose(s, None)
+        p1 = choose(s, None)
+        p2 = choose(s, None)
     records = [r for r in caplog.records if r.name == "sglang_ext.dcut"]
     assert len(records) == 1
-    assert "bs=4" in records[0].getMessage() and "fallback ratio 0.75" in records[0].getMessage()
-    for p in (p1, p2, p3):
-        assert p.mode == "fallback" and p.ratio == 0.75
+    assert "no cost table" in records[0].getMessage() and "fallback ratio 0.75" in records[0].getMessage()
+    for p in (p1, p2):
+        assert p.mode == "fallback" and p.ratio == 0.75 and p.tier_label == "fallback:0.75"
         assert p.budget == exact_keep_count(4, 4, Fraction(3, 4)) == 8
-        assert p.tier_index == 2
+        assert p.tier_index == 2 and p.predicted_ms is None
+    # a batch beyond the table is costed with its largest row (the cost table's contract), not the fallback
+    p = choose(s, _table([1, 2], [[1, 2, 3, 4], [1, 2, 3, 4]]))
+    assert p.mode == "auto" and p.profiled_batch_size == 2
     reset_fallback_warning()
     with caplog.at_level(logging.WARNING, logger="sglang_ext.dcut"):
         choose(s, None)
