@@ -62,6 +62,9 @@ DCUT_CALIBRATION_CHOICES: Tuple[str, ...] = (DCUT_CALIBRATION_POWER, DCUT_CALIBR
 DRAFT_EXTEND_ACCEPTED = "accepted"
 DRAFT_EXTEND_WINDOW = "window"
 DRAFT_EXTEND_CHOICES: Tuple[str, ...] = (DRAFT_EXTEND_ACCEPTED, DRAFT_EXTEND_WINDOW)
+DRAFT_OFF_AUTO = "auto"
+DRAFT_OFF_NEVER = "never"
+DRAFT_OFF_CHOICES: Tuple[str, ...] = (DRAFT_OFF_AUTO, DRAFT_OFF_NEVER)
 
 
 class ConfigError(ValueError):
@@ -320,6 +323,11 @@ class DCutConfig:
                            "with --dcut off): 'accepted' runs only each request's accepted tokens (the only rows "
                            "SGLang uses; same output, less work), 'window' SGLang's full verify window.",
                            _parse_str, choices=DRAFT_EXTEND_CHOICES)
+    draft_off: str = _f(DRAFT_OFF_AUTO, "--dcut-draft-off", "Whether --dcut auto may switch drafting off for "
+                        "whole steps (a plain one-token verify per request, the draft model kept up to date): "
+                        "'auto' when the cost table says a draft-off step commits more tokens per ms than every "
+                        "tier, with a minimum dwell; 'never' keeps drafting. Fixed ratios never switch it off.",
+                        _parse_str, choices=DRAFT_OFF_CHOICES)
     cost_table: Optional[str] = _f(None, "--dcut-cost-table", "Load this cost-table JSON instead of profiling at "
                                    "launch.", _parse_optional_str, metavar="PATH")
     cache_dir: Optional[str] = _f(None, "--dcut-cache-dir", "Directory of the profiled cost-table cache (default: "
@@ -347,6 +355,8 @@ class DCutConfig:
                f"expected one of {', '.join(DCUT_CALIBRATION_CHOICES)}, got {self.calibration!r}")
         _check(self.draft_extend in DRAFT_EXTEND_CHOICES, "--dcut-draft-extend",
                f"expected one of {', '.join(DRAFT_EXTEND_CHOICES)}, got {self.draft_extend!r}")
+        _check(self.draft_off in DRAFT_OFF_CHOICES, "--dcut-draft-off",
+               f"expected one of {', '.join(DRAFT_OFF_CHOICES)}, got {self.draft_off!r}")
         t = tuple(float(x) for x in self.tiers)
         object.__setattr__(self, "tiers", t)
         _check(len(t) >= 1, "--dcut-tiers", "needs at least one tier")
@@ -374,6 +384,11 @@ class DCutConfig:
     @property
     def auto(self) -> bool:
         return self.mode == DCUT_AUTO
+
+    @property
+    def may_draft_off(self) -> bool:
+        """Whether auto may choose draft-off steps (``--dcut auto --dcut-draft-off auto``)."""
+        return self.auto and self.draft_off == DRAFT_OFF_AUTO
 
     @property
     def fixed_ratio(self) -> Optional[float]:

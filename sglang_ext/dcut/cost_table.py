@@ -1,9 +1,9 @@
 """D-Cut cost table: profiled step cost per (batch size, tier), with its JSON file format.
 
-File schema (version 1; other tools read it, keep it stable)::
+File schema (version 2; other tools read it, keep it stable)::
 
     {
-      "version": 1,
+      "version": 2,
       "key": {"model": str, "draft": str, "device": str, "tp": int, "dtype": str,
               "draft_tokens": int, "topk": int, "num_steps": int,
               "attention_backend": str, "context_len": int,
@@ -11,8 +11,16 @@ File schema (version 1; other tools read it, keep it stable)::
       "tiers": [0.25, 0.5, 0.75, 1.0],
       "batch_sizes": [int, ...],                  # strictly increasing, >= 1
       "step_ms": [[float per tier] per batch size],  # finite, > 0
+      "off_ms": [float per batch size] or null,   # draft-off step cost, finite, > 0
       "created": "2026-01-01T00:00:00+00:00"      # ISO 8601
     }
+
+``off_ms[i]`` is the mean cost of one *draft-off* step at ``batch_sizes[i]`` (no drafting: a
+one-token verify per request plus the draft extend that keeps the draft model current), timed
+with the same protocol as the tiers; ``null`` when it was not measured (``--dcut-draft-off
+never``). Version 1 files (no ``off_ms``) still load, with ``off_ms = None``: such a table never
+lets ``--dcut auto`` switch drafting off (the runner says so once in a warning). Files are written
+as version 2.
 
 ``step_ms[i][q]`` is the mean cost of one full speculative step (draft + verify of
 ``ceil(bs * N * tiers[q])`` target tokens) at ``batch_sizes[i]``. Lookups use the smallest
@@ -41,6 +49,7 @@ from typing import Any, Optional, Sequence
 
 __all__ = [
     "COST_TABLE_VERSION",
+    "SUPPORTED_VERSIONS",
     "CostTableError",
     "CostTableKey",
     "CostTable",
@@ -49,7 +58,9 @@ __all__ = [
     "fill_from_nearest",
 ]
 
-COST_TABLE_VERSION = 1
+COST_TABLE_VERSION = 2
+SUPPORTED_VERSIONS = (1, 2)
+"""Schema versions :meth:`CostTable.from_dict` reads (1: no ``off_ms``)."""
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +212,9 @@ class CostTable:
         ``[len(batch_sizes)][len(tiers)]`` mean step cost in ms, finite and ``> 0``.
     created : str
         ISO 8601 creation time.
+    off_ms : tuple of float or None
+        ``[len(batch_sizes)]`` mean draft-off step cost in ms (finite, ``> 0``), or None when not
+        measured (version-1 files, ``--dcut-draft-off never``).
     """
 
     key: CostTableKey
@@ -208,6 +222,7 @@ class CostTable:
     batch_sizes: tuple[int, ...]
     step_ms: tuple[tuple[float, ...], ...]
     created: str
+    off_ms: Optional[tuple[float, ...]] = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -237,6 +252,12 @@ class CostTable:
                 raise CostTableError(
                     f"cost table: step_ms row for bs={bs} must be finite positive numbers, got {list(row)}"
                 )
+        if self.off_ms is not None:
+            off = self.off_ms
+            if len(off) != len(bss):
+                raise CostTableError(f"cost table: off_ms has {len(off)} values for {len(bss)} batch sizes")
+            if not all(_is_number(c) and math.isfinite(c) and c > 0 for c in off):
+                raise CostTableError(f"cost table: off_ms must be finite positive numbers, got {list(off)}")
         if not isinstance(self.created, str):
             raise CostTableError("cost table: created must be an ISO 8601 string")
         try:
@@ -252,8 +273,10 @@ class CostTable:
         step_ms: Sequence[Sequence[float]],
         tiers: Sequence[float] = (0.25, 0.5, 0.75, 1.0),
         created: Optional[str] = None,
+        off_ms: Optional[Sequence[float]] = None,
     ) -> "CostTable":
-        """Build a validated table (``created`` defaults to now, UTC).
+        """Build a validated table (``created`` defaults to now, UTC; ``off_ms`` per batch size, or
+        None without draft-off costs).
 
         Examples
         --------
@@ -270,6 +293,7 @@ class CostTable:
             batch_sizes=tuple(int(b) for b in batch_sizes),
             step_ms=tuple(tuple(float(c) for c in row) for row in step_ms),
             created=created,
+            off_ms=None if off_ms is None else tuple(float(c) for c in off_ms),
         )
 
     def lookup(self, batch_size: int) -> Optional[tuple[int, tuple[float, ...]]]:
@@ -309,6 +333,29 @@ class CostTable:
                            "--dcut-profile-batch-sizes)", batch_size, largest, largest)
         return largest, self.step_ms[-1]
 
+    @property
+    def has_draft_off(self) -> bool:
+        """Whether the table holds draft-off costs (``off_ms``)."""
+        return self.off_ms is not None
+
+    def lookup_off(self, batch_size: int) -> Optional[tuple[int, float]]:
+        """Draft-off cost at the row :meth:`lookup` uses for ``batch_size`` (no extra warning), or
+        None without draft-off costs.
+
+        Examples
+        --------
+        >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 2048, "0.5.23", "0.1")
+        >>> t = CostTable.build(k, [4, 8], [[1, 2, 3, 4], [2, 3, 4, 5]], off_ms=[0.5, 0.9])
+        >>> t.lookup_off(5), t.lookup_off(64), CostTable.build(k, [4], [[1, 2, 3, 4]]).lookup_off(4)
+        ((8, 0.9), (8, 0.9), None)
+        """
+        if self.off_ms is None:
+            return None
+        for bs, off in zip(self.batch_sizes, self.off_ms):
+            if bs >= batch_size:
+                return bs, off
+        return self.batch_sizes[-1], self.off_ms[-1]
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the file schema.
 
@@ -316,7 +363,7 @@ class CostTable:
         --------
         >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 2048, "0.5.23", "0.1")
         >>> sorted(CostTable.build(k, [4], [[1, 2, 3, 4]]).to_dict())
-        ['batch_sizes', 'created', 'key', 'step_ms', 'tiers', 'version']
+        ['batch_sizes', 'created', 'key', 'off_ms', 'step_ms', 'tiers', 'version']
         """
         return {
             "version": COST_TABLE_VERSION,
@@ -324,6 +371,7 @@ class CostTable:
             "tiers": list(self.tiers),
             "batch_sizes": list(self.batch_sizes),
             "step_ms": [list(row) for row in self.step_ms],
+            "off_ms": None if self.off_ms is None else list(self.off_ms),
             "created": self.created,
         }
 
@@ -339,19 +387,21 @@ class CostTable:
 
         Examples
         --------
-        >>> CostTable.from_dict({"version": 2})
+        >>> CostTable.from_dict({"version": 3})
         Traceback (most recent call last):
         ...
-        sglang_ext.dcut.cost_table.CostTableError: cost table: unsupported version 2 (expected 1)
+        sglang_ext.dcut.cost_table.CostTableError: cost table: unsupported version 3 (expected 1 or 2)
         """
         if not isinstance(data, dict):
             raise CostTableError(f"cost table: expected a JSON object, got {type(data).__name__}")
         version = data.get("version")
-        if version != COST_TABLE_VERSION or isinstance(version, bool):
+        if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
             raise CostTableError(
-                f"cost table: unsupported version {version!r} (expected {COST_TABLE_VERSION})"
+                f"cost table: unsupported version {version!r} (expected 1 or {COST_TABLE_VERSION})"
             )
         required = {"version", "key", "tiers", "batch_sizes", "step_ms", "created"}
+        if version >= 2:
+            required.add("off_ms")
         missing = sorted(required - set(data))
         if missing:
             raise CostTableError(f"cost table: missing field(s) {missing}")
@@ -363,12 +413,16 @@ class CostTable:
             raise CostTableError("cost table: step_ms must be a list of lists")
         if not all(_is_number(t) for t in data["tiers"]):
             raise CostTableError(f"cost table: tiers must be numbers, got {data['tiers']}")
+        off = data.get("off_ms") if version >= 2 else None
+        if off is not None and not isinstance(off, list):
+            raise CostTableError("cost table: off_ms must be a list or null")
         table = cls(
             key=key,
             tiers=tuple(float(t) for t in data["tiers"]),
             batch_sizes=tuple(data["batch_sizes"]),
             step_ms=tuple(tuple(r) for r in data["step_ms"]),
             created=data["created"],
+            off_ms=None if off is None else tuple(off),
         )
         if expected_key is not None:
             diff = key.mismatches(expected_key)
@@ -437,16 +491,22 @@ class CostTable:
 
 
 # ----------------------------------------------------------------------------- profiling helpers
-def cache_identity(key: CostTableKey, tiers: Sequence[float], batch_sizes: Sequence[int]) -> dict[str, Any]:
-    """What identifies a profiled table in the cache: the key plus the tiers and batch sizes.
+def cache_identity(key: CostTableKey, tiers: Sequence[float], batch_sizes: Sequence[int],
+                   draft_off: bool = False) -> dict[str, Any]:
+    """What identifies a profiled table in the cache: the key plus the tiers and batch sizes, and
+    ``draft_off`` when the draft-off step is measured too (a table without it, e.g. an older
+    cache file, is then not reused).
 
     Examples
     --------
     >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 64, "0.5.23", "0.1")
-    >>> sorted(cache_identity(k, (0.5, 1.0), (1, 4)))
-    ['batch_sizes', 'key', 'tiers']
+    >>> sorted(cache_identity(k, (0.5, 1.0), (1, 4))), sorted(cache_identity(k, (0.5, 1.0), (1, 4), True))
+    (['batch_sizes', 'key', 'tiers'], ['batch_sizes', 'draft_off', 'key', 'tiers'])
     """
-    return {"key": key.to_dict(), "tiers": [float(t) for t in tiers], "batch_sizes": [int(b) for b in batch_sizes]}
+    ident = {"key": key.to_dict(), "tiers": [float(t) for t in tiers], "batch_sizes": [int(b) for b in batch_sizes]}
+    if draft_off:
+        ident["draft_off"] = True
+    return ident
 
 
 def nearest_batch_size(bs: int, measured: Sequence[int]) -> int:

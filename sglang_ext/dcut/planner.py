@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Optional, Sequence, Union
@@ -54,6 +55,12 @@ __all__ = [
     "parse_mode",
     "forward_costs",
     "reset_fallback_warning",
+    "DRAFT_OFF_TIER",
+    "DraftOffParams",
+    "DraftOffState",
+    "DraftOffDecision",
+    "draft_off_decision",
+    "observe_draft_gains",
 ]
 
 MODE_AUTO = "auto"
@@ -138,6 +145,10 @@ class DCutPlan:
         ``ceil(nb * N * rho)`` plus ``N`` rows per exempt request.
     tier_costs_ms : tuple of float or None
         Auto mode: predicted cost of the forward at each tier (:func:`forward_costs`); else None.
+    tier_expected : tuple of float or None
+        Auto mode: expected committed tokens of the step at each tier, ``bs + S(keep_q)`` (exempt
+        requests' drafts included; what the draft-off choice learns from, see
+        :func:`observe_draft_gains`); else None.
     num_draft_tokens : int
         ``N``.
     num_exempt : int
@@ -167,6 +178,7 @@ class DCutPlan:
     tier_costs_ms: Optional[tuple[float, ...]] = None
     num_draft_tokens: int = 0
     num_exempt: int = 0
+    tier_expected: Optional[tuple[float, ...]] = None
 
     @property
     def batch_size(self) -> int:
@@ -254,6 +266,7 @@ class TierChoice:
     utilities: Optional[tuple[float, ...]] = None
     profiled_batch_size: Optional[int] = None
     tier_costs_ms: Optional[tuple[float, ...]] = None
+    tier_expected: Optional[tuple[float, ...]] = None
 
 
 def forward_costs(
@@ -385,6 +398,7 @@ def _make_plan(
         tier_costs_ms=choice.tier_costs_ms,
         num_draft_tokens=inp.num_draft_tokens,
         num_exempt=inp.num_exempt,
+        tier_expected=choice.tier_expected,
     )
 
 
@@ -437,10 +451,11 @@ def _policy_auto(inp: PolicyInput) -> TierChoice:
     sums = ranking.prefix_sums.index_select(0, _index_tensor(idx, ranking.prefix_sums.device))
     if inp.exempt_accepted is not None:
         sums = sums + inp.exempt_accepted
-    utilities = [(bs + s) / c for s, c in zip(sums.tolist(), costs_q)]
+    expected = [bs + s for s in sums.tolist()]
+    utilities = [e / c for e, c in zip(expected, costs_q)]
     q = best_utility_index(utilities, costs_q)
     return TierChoice(inp.tier_keeps[q], q, inp.tiers[q], MODE_AUTO, tuple(utilities), profiled_bs,
-                      tuple(costs_q))
+                      tuple(costs_q), tuple(expected))
 
 
 TIER_POLICIES: dict[str, Callable[[PolicyInput], TierChoice]] = {
@@ -590,3 +605,164 @@ def choose(
     )
     choice = policy(inp) if policy is not None else _ratio_choice(inp, ratio, MODE_RATIO)
     return _make_plan(inp.ranking, choice, inp, exempt_rows)
+
+
+# ----------------------------------------------------------------------------- draft-off steps
+DRAFT_OFF_TIER = "draft_off"
+"""Tier label (histogram key) of a draft-off step: no drafting, one verified token per request."""
+
+
+@dataclass(frozen=True)
+class DraftOffParams:
+    """Tuning of the draft-off choice of ``--dcut auto`` (:func:`draft_off_decision`).
+
+    Attributes
+    ----------
+    margin : float
+        Hysteresis: the other choice must promise more than ``1 + margin`` times the committed
+        tokens per ms of the current one before the server switches.
+    min_dwell : int
+        Steps a choice is kept at least after a switch. While drafting is off it is also the
+        number of draft-off steps between two *probe* steps (one drafted step that refreshes the
+        estimate, since a draft-off step yields no draft confidences).
+    alpha : float
+        Weight of the newest drafted step in the smoothed per-request gains (EWMA), in (0, 1].
+    """
+
+    margin: float = 0.05
+    min_dwell: int = 8
+    alpha: float = 0.25
+
+    def __post_init__(self) -> None:
+        if not (self.margin >= 0.0 and math.isfinite(self.margin)):
+            raise ValueError(f"draft-off margin must be a finite number >= 0, got {self.margin}")
+        if int(self.min_dwell) < 1:
+            raise ValueError(f"draft-off min_dwell must be >= 1, got {self.min_dwell}")
+        if not (0.0 < self.alpha <= 1.0):
+            raise ValueError(f"draft-off alpha must be in (0, 1], got {self.alpha}")
+
+
+@dataclass(frozen=True)
+class DraftOffState:
+    """What the draft-off choice remembers between steps (one per worker; immutable, replaced).
+
+    Attributes
+    ----------
+    drafting : bool
+        The current choice (True: draft and verify at the planner's tier).
+    dwell : int
+        Steps run since the last switch or probe.
+    probed : bool
+        The previous step was a probe (drafted while drafting is off): decide again now.
+    gains : tuple of float or None
+        Smoothed expected accepted drafts *per request* at each tier, ``S_q / bs``, from the
+        planner of drafted steps (:func:`observe_draft_gains`); None before the first one.
+    """
+
+    drafting: bool = True
+    dwell: int = 0
+    probed: bool = False
+    gains: Optional[tuple[float, ...]] = None
+
+
+@dataclass(frozen=True)
+class DraftOffDecision:
+    """One step's draft-off choice: ``off`` (skip drafting this step), the next state, and the
+    committed tokens per ms it compared (None when no comparison was possible)."""
+
+    off: bool
+    state: DraftOffState
+    off_utility: Optional[float] = None
+    draft_utility: Optional[float] = None
+    probe: bool = False
+
+
+def observe_draft_gains(
+    state: DraftOffState,
+    batch_size: int,
+    tier_expected: Sequence[float],
+    params: DraftOffParams = DraftOffParams(),
+) -> DraftOffState:
+    """Fold one drafted step's expected committed tokens per tier (``DCutPlan.tier_expected``,
+    ``bs + S_q``) into the smoothed per-request gains ``S_q / bs`` (EWMA, weight ``alpha``).
+
+    Examples
+    --------
+    >>> s = observe_draft_gains(DraftOffState(), 4, [6.0, 8.0])
+    >>> s.gains
+    (0.5, 1.0)
+    >>> observe_draft_gains(s, 2, [2.0, 2.0], DraftOffParams(alpha=0.5)).gains
+    (0.25, 0.5)
+    """
+    bs = int(batch_size)
+    if bs <= 0 or not tier_expected:
+        return state
+    new = tuple(max(0.0, (float(e) - bs) / bs) for e in tier_expected)
+    if state.gains is None or len(state.gains) != len(new):
+        return dataclasses.replace(state, gains=new)
+    a = float(params.alpha)
+    return dataclasses.replace(state, gains=tuple((1.0 - a) * g + a * x for g, x in zip(state.gains, new)))
+
+
+def draft_off_decision(
+    state: DraftOffState,
+    batch_size: int,
+    cost_table: Optional[CostTable],
+    params: DraftOffParams = DraftOffParams(),
+) -> DraftOffDecision:
+    """Decide, *before drafting*, whether step ``t + 1`` drafts or runs draft-off.
+
+    The draft confidences of a step exist only after its drafting, so the choice for the next
+    step is made from what earlier steps left: the smoothed per-request gains ``g_q = S_q / bs``
+    (:func:`observe_draft_gains`) and the cost table. With ``C_q`` the table's cost of tier ``q``
+    and ``C_off`` its draft-off cost at the row of ``bs`` (:meth:`CostTable.lookup`)::
+
+        U_off = bs / C_off          U_draft = max_q bs * (1 + g_q) / C_q
+
+    (expected committed tokens per ms). Rules, with ``m = margin`` and ``D = min_dwell``:
+
+    * no estimate yet, or no draft-off costs in the table: draft (state ``dwell`` counts on);
+    * drafting: switch off when ``dwell >= D`` and ``U_off > (1 + m) * U_draft``;
+    * drafting off: stay off for ``D`` steps, then draft one *probe* step (the planner plans it as
+      usual and refreshes ``g``); the step after a probe drafts again (switch on) only if
+      ``U_draft > (1 + m) * U_off``, else it starts another ``D`` off steps.
+
+    Returns the decision and the next state (the input is not changed).
+
+    Examples
+    --------
+    Draft-off costs 1 ms and tier costs 4 ms at bs 4; 0.5 accepted drafts per request make a
+    drafted step worth 6 / 4 = 1.5 tokens/ms against 4 / 1 = 4 for draft-off::
+
+        >>> from sglang_ext.dcut.cost_table import CostTable, CostTableKey
+        >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 64, "0.5.23", "0.1")
+        >>> t = CostTable.build(k, [4], [[4.0]], tiers=(1.0,), off_ms=[1.0])
+        >>> s = DraftOffState(gains=(0.5,), dwell=8)
+        >>> d = draft_off_decision(s, 4, t, DraftOffParams(min_dwell=8))
+        >>> d.off, d.off_utility, d.draft_utility, d.state.drafting
+        (True, 4.0, 1.5, False)
+    """
+    bs = int(batch_size)
+    dwell = int(params.min_dwell)
+    off_row = cost_table.lookup_off(bs) if cost_table is not None else None
+    if off_row is None or state.gains is None or bs <= 0:
+        return DraftOffDecision(False, dataclasses.replace(state, drafting=True, probed=False,
+                                                           dwell=state.dwell + 1 if state.drafting else 1))
+    costs = cost_table.lookup(bs)[1]
+    u_off = bs / off_row[1]
+    u_draft = max(bs * (1.0 + g) / c for g, c in zip(state.gains, costs))
+    better_off = u_off > (1.0 + params.margin) * u_draft
+    better_draft = u_draft > (1.0 + params.margin) * u_off
+    if state.drafting:
+        if state.dwell >= dwell and better_off:
+            nxt = DraftOffState(drafting=False, dwell=1, probed=False, gains=state.gains)
+            return DraftOffDecision(True, nxt, u_off, u_draft)
+        nxt = dataclasses.replace(state, dwell=state.dwell + 1, probed=False)
+        return DraftOffDecision(False, nxt, u_off, u_draft)
+    if state.probed:  # the estimate was just refreshed by a probe
+        if better_draft:
+            return DraftOffDecision(False, DraftOffState(True, 1, False, state.gains), u_off, u_draft)
+        return DraftOffDecision(True, DraftOffState(False, 1, False, state.gains), u_off, u_draft)
+    if state.dwell >= dwell:  # probe: one drafted step
+        return DraftOffDecision(False, DraftOffState(False, 0, True, state.gains), u_off, u_draft, probe=True)
+    return DraftOffDecision(True, dataclasses.replace(state, dwell=state.dwell + 1), u_off, u_draft)

@@ -19,16 +19,19 @@ KEY = CostTableKey(
 CREATED = "2026-01-02T03:04:05+00:00"
 
 
+OFF_MS = [0.8, 1.6, 3.5]
+
+
 def _table():
     return CostTable.build(
         KEY, [1, 4, 16], [[1.0, 1.5, 2.0, 2.5], [2.0, 3.0, 4.0, 5.0], [5.0, 9.0, 13.0, 17.5]],
-        created=CREATED,
+        created=CREATED, off_ms=OFF_MS,
     )
 
 
 def _valid_dict():
     return {
-        "version": 1,
+        "version": 2,
         "key": {
             "model": "tgt", "draft": "drf", "device": "cpu", "tp": 1, "dtype": "float32",
             "draft_tokens": 4, "topk": 1, "num_steps": 3, "attention_backend": "torch_sdpa",
@@ -37,8 +40,32 @@ def _valid_dict():
         "tiers": [0.25, 0.5, 0.75, 1.0],
         "batch_sizes": [1, 4, 16],
         "step_ms": [[1.0, 1.5, 2.0, 2.5], [2.0, 3.0, 4.0, 5.0], [5.0, 9.0, 13.0, 17.5]],
+        "off_ms": [0.8, 1.6, 3.5],
         "created": CREATED,
     }
+
+
+def test_version_1_files_load_without_draft_off_costs(tmp_path):
+    v1 = _valid_dict()
+    v1["version"] = 1
+    del v1["off_ms"]
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(v1))
+    t = CostTable.load(path, expected_key=KEY)
+    assert t.off_ms is None and not t.has_draft_off and t.lookup_off(4) is None
+    assert t.step_ms == _table().step_ms
+    saved = t.to_dict()  # written back as version 2, the draft-off costs null
+    assert saved["version"] == 2 and saved["off_ms"] is None
+    assert CostTable.from_dict(saved) == t
+    v1_with_off = dict(v1, off_ms=OFF_MS)  # a version-1 file has no draft-off field: ignored
+    assert CostTable.from_dict(v1_with_off).off_ms is None
+
+
+def test_draft_off_lookup_uses_the_tier_row():
+    t = _table()
+    assert [t.lookup_off(b) for b in (1, 2, 4, 5, 16)] == [(1, 0.8), (4, 1.6), (4, 1.6), (16, 3.5), (16, 3.5)]
+    for b in (1, 3, 9, 16, 40):
+        assert t.lookup_off(b)[0] == t.lookup(b)[0]
 
 
 def test_round_trip_and_exact_schema(tmp_path):
@@ -97,7 +124,13 @@ def _mutations():
         return d
 
     return [
-        ("version", m(lambda d: d.update(version=2))),
+        ("version", m(lambda d: d.update(version=3))),
+        ("version", m(lambda d: d.update(version=True))),
+        ("missing field", m(lambda d: d.pop("off_ms"))),
+        ("off_ms has 2 values", m(lambda d: d["off_ms"].pop())),
+        ("off_ms must be finite positive", m(lambda d: d["off_ms"].__setitem__(0, 0.0))),
+        ("off_ms must be finite positive", m(lambda d: d["off_ms"].__setitem__(0, float("inf")))),
+        ("off_ms must be a list or null", m(lambda d: d.update(off_ms=1.0))),
         ("version", m(lambda d: d.pop("version"))),
         ("missing field", m(lambda d: d.pop("step_ms"))),
         ("missing field", m(lambda d: d["key"].pop("tp"))),

@@ -1,0 +1,221 @@
+"""D-Cut draft-off choice (pure): the objective, the dwell / hysteresis rules, the probe steps, and
+the per-request gains the planner leaves, checked against an independent step-by-step reference.
+
+Budget: < 3 s.
+"""
+
+import random
+
+import pytest
+import torch
+
+from sglang_ext.dcut import (
+    CostTable,
+    CostTableKey,
+    DraftOffParams,
+    DraftOffState,
+    choose,
+    draft_off_decision,
+    observe_draft_gains,
+)
+
+KEY = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 64, "0.5.23", "0.1")
+TIERS = (0.25, 0.5, 0.75, 1.0)
+
+
+def _table(off=True):
+    rows = [[2.0, 2.5, 3.0, 3.5], [3.0, 4.0, 5.0, 6.0], [6.0, 9.0, 12.0, 15.0]]
+    return CostTable.build(KEY, [1, 8, 64], rows, tiers=TIERS, off_ms=[1.0, 1.5, 3.0] if off else None,
+                           created="2026-01-01T00:00:00+00:00")
+
+
+# ----------------------------------------------------------------------------- independent reference
+class Reference:
+    """The rules of the docstring, written as an explicit three-phase machine over plain lists."""
+
+    def __init__(self, table_rows, table_bs, off_ms, margin, dwell, alpha):
+        self.rows, self.bss, self.off = table_rows, table_bs, off_ms
+        self.margin, self.dwell, self.alpha = margin, dwell, alpha
+        self.phase = "draft"  # "draft", "off", "after_probe"
+        self.count = 0  # steps in the current phase
+        self.gain = None  # per tier
+
+    def _row(self, bs):
+        i = next((i for i, b in enumerate(self.bss) if b >= bs), len(self.bss) - 1)
+        return self.rows[i], (None if self.off is None else self.off[i])
+
+    def decide(self, bs):
+        """True = this step runs with drafting off."""
+        costs, off_cost = self._row(bs)
+        if off_cost is None or self.gain is None:
+            if self.phase != "draft":
+                self.phase, self.count = "draft", 0
+            self.count += 1
+            return False
+        u_off = bs / off_cost
+        u_on = max(bs * (1 + self.gain[q]) / costs[q] for q in range(len(costs)))
+        if self.phase == "draft":
+            if self.count >= self.dwell and u_off > u_on * (1 + self.margin):
+                self.phase, self.count = "off", 1
+                return True
+            self.count += 1
+            return False
+        if self.phase == "after_probe":
+            if u_on > u_off * (1 + self.margin):
+                self.phase, self.count = "draft", 1
+                return False
+            self.phase, self.count = "off", 1
+            return True
+        if self.count >= self.dwell:  # probe
+            self.phase, self.count = "after_probe", 0
+            return False
+        self.count += 1
+        return True
+
+    def observe(self, bs, expected):
+        new = [max(0.0, (e - bs) / bs) for e in expected]
+        if self.gain is None:
+            self.gain = new
+        else:
+            self.gain = [g + self.alpha * (x - g) for g, x in zip(self.gain, new)]
+
+
+def _run_policy(events, table, params):
+    state, offs = DraftOffState(), []
+    for bs, expected in events:
+        d = draft_off_decision(state, bs, table, params)
+        state = d.state
+        offs.append(d.off)
+        if not d.off and expected is not None:
+            state = observe_draft_gains(state, bs, expected, params)
+    return offs
+
+
+def _run_reference(events, table, params):
+    ref = Reference([list(r) for r in table.step_ms], list(table.batch_sizes),
+                    None if table.off_ms is None else list(table.off_ms), params.margin, params.min_dwell,
+                    params.alpha)
+    offs = []
+    for bs, expected in events:
+        off = ref.decide(bs)
+        offs.append(off)
+        if not off and expected is not None:
+            ref.observe(bs, expected)
+    return offs
+
+
+def _random_events(rng, n):
+    events = []
+    level = rng.uniform(0.0, 3.0)
+    for _ in range(n):
+        if rng.random() < 0.05:
+            level = rng.uniform(0.0, 3.0)  # the workload changes
+        bs = rng.choice([1, 3, 8, 20, 64, 100])
+        per_req = [level * f for f in (0.3, 0.6, 0.85, 1.0)]
+        expected = [bs * (1 + g + rng.uniform(-0.1, 0.1)) for g in per_req]
+        events.append((bs, None if rng.random() < 0.05 else expected))  # some steps not captured
+    return events
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_policy_matches_the_reference(seed):
+    rng = random.Random(seed)
+    params = DraftOffParams(margin=rng.choice([0.0, 0.05, 0.2]), min_dwell=rng.choice([1, 3, 8]),
+                            alpha=rng.choice([0.25, 0.5, 1.0]))
+    events = _random_events(rng, 300)
+    table = _table()
+    got = _run_policy(events, table, params)
+    assert got == _run_reference(events, table, params)
+    assert any(got) and not all(got)  # the case exercises both choices
+
+
+# ----------------------------------------------------------------------------- rules, hand-computed
+def test_objective_compares_committed_tokens_per_ms():
+    # bs 8: tier costs 3, 4, 5, 6 ms, draft-off 1.5 ms -> U_off = 8 / 1.5 = 5.33.
+    # gains (0.5, 1, 1.5, 2): U_q = 8 * 1.5 / 3 = 4, 8 * 2 / 4 = 4, 8 * 2.5 / 5 = 4, 8 * 3 / 6 = 4.
+    s = DraftOffState(gains=(0.5, 1.0, 1.5, 2.0), dwell=10)
+    d = draft_off_decision(s, 8, _table(), DraftOffParams(margin=0.05))
+    assert d.off and d.off_utility == pytest.approx(8 / 1.5) and d.draft_utility == pytest.approx(4.0)
+    # gains (0, 0, 0, 2.2): U_1.0 = 8 * 3.2 / 6 = 4.27 ... still below 5.33 / 1.05? 5.33 > 4.27 * 1.05 = 4.48
+    assert draft_off_decision(dataclasses_replace(s, gains=(0.0, 0.0, 0.0, 2.2)), 8, _table()).off
+    # gains (0, 0, 0, 3.0): U_1.0 = 8 * 4 / 6 = 5.33 -> equal: not better by the margin, keep drafting
+    d = draft_off_decision(dataclasses_replace(s, gains=(0.0, 0.0, 0.0, 3.0)), 8, _table())
+    assert not d.off and d.state.drafting
+
+
+def dataclasses_replace(state, **kw):
+    import dataclasses
+
+    return dataclasses.replace(state, **kw)
+
+
+def test_never_off_without_draft_off_costs_or_estimate():
+    params = DraftOffParams(min_dwell=1)
+    s = DraftOffState(gains=(0.0, 0.0, 0.0, 0.0), dwell=5)
+    assert not draft_off_decision(s, 8, _table(off=False), params).off  # version-1 table
+    assert not draft_off_decision(s, 8, None, params).off
+    assert not draft_off_decision(DraftOffState(dwell=5), 8, _table(), params).off  # no gains yet
+    assert draft_off_decision(s, 8, _table(), params).off
+
+
+def test_minimum_dwell_probe_and_hysteresis_sequence():
+    """Off clearly better: D drafted steps, then runs of D off steps separated by one probe."""
+    params = DraftOffParams(margin=0.05, min_dwell=3)
+    poor = [8 * 1.0] * 4  # no accepted drafts: U_draft = 8 / 3 < U_off = 5.33
+    seq = _run_policy([(8, poor)] * 15, _table(), params)
+    # step 1 drafts and observes; steps 2-3 draft (dwell 3 not reached before step 4)
+    assert seq == [False, False, False, True, True, True, False, True, True, True, False, True, True, True, False]
+
+
+def test_probe_switches_back_on_when_drafting_wins_again():
+    params = DraftOffParams(margin=0.05, min_dwell=2, alpha=1.0)
+    poor, rich = [8.0] * 4, [8 * 4.0] * 4  # rich: U_0.25 = 32 / 3 = 10.7 > 5.33
+    events = [(8, poor)] * 3 + [(8, rich)] * 6
+    seq = _run_policy(events, _table(), params)
+    # drafts 1-2 (dwell), off 3-4, probe 5 (observes rich), then drafting again from step 6 on
+    assert seq == [False, False, True, True, False, False, False, False, False]
+
+
+def test_no_flapping_near_the_boundary():
+    """Utilities within the margin of each other never switch, whatever their order."""
+    rng = random.Random(7)
+    params = DraftOffParams(margin=0.1, min_dwell=1, alpha=1.0)
+    # U_off = 5.33 at bs 8; U_1.0 = 8 * (1 + g) / 6 in [5.33 / 1.1, 5.33 * 1.1] for g in [2.64, 3.4]
+    events = [(8, [8.0, 8.0, 8.0, 8 * (1 + rng.uniform(2.65, 3.39))]) for _ in range(200)]
+    assert not any(_run_policy(events, _table(), params))
+
+
+def test_off_runs_last_at_least_min_dwell_steps():
+    rng = random.Random(3)
+    params = DraftOffParams(margin=0.05, min_dwell=4)
+    offs = _run_policy(_random_events(rng, 400), _table(), params)
+    runs, cur = [], 0
+    for o in offs + [False]:
+        if o:
+            cur += 1
+        elif cur:
+            runs.append(cur)
+            cur = 0
+    assert runs and all(r >= 4 for r in runs[:-1])
+
+
+def test_gains_come_from_the_auto_planner():
+    """The planner's tier_expected is bs + the sum of the best keep_q scores at each tier."""
+    scores = torch.tensor([[0.9, 0.8, 0.1], [0.7, 0.2, 0.1]])  # 2 chains, N = 4
+    t = CostTable.build(KEY, [2], [[1.0, 2.0, 3.0, 4.0]], tiers=TIERS, off_ms=[0.5],
+                        created="2026-01-01T00:00:00+00:00")
+    plan = choose(scores, t, TIERS, "auto")
+    # keep counts at bs 2, N 4: ceil(8 * rho) - 2 = 0, 2, 4, 6 -> best sums 0, 1.7, 2.6, 2.8
+    assert plan.tier_expected == pytest.approx((2.0, 3.7, 4.6, 4.8))
+    s = observe_draft_gains(DraftOffState(), 2, plan.tier_expected)
+    assert s.gains == pytest.approx((0.0, 0.85, 1.3, 1.4))
+    assert choose(scores, None, TIERS, 0.5).tier_expected is None  # fixed ratios carry none
+
+
+def test_params_are_checked():
+    with pytest.raises(ValueError, match="min_dwell"):
+        DraftOffParams(min_dwell=0)
+    with pytest.raises(ValueError, match="alpha"):
+        DraftOffParams(alpha=0.0)
+    with pytest.raises(ValueError, match="margin"):
+        DraftOffParams(margin=-0.1)
