@@ -267,8 +267,10 @@ def test_launch_with_an_unrecorded_one_row_head_fails_naming_the_flag(tiny_model
     state[fc] = torch.cat([state[fc], torch.zeros(1, state[fc].shape[1])])
     save_file(state, weights)
     models = demo.DemoModels(tiny_models.target, draft, trained=False)
-    cmd = demo.server_command(models, demo.free_port(), ["--specexit-method", "confidence", "--dcut", "off"])
-    proc = subprocess.run(cmd, env=cpu_testbed_env(), capture_output=True, text=True, timeout=480,
+    # the demo's flags, then the head source and the method this head cannot be checked against
+    cmd = demo.server_command(models, demo.free_port(), ["--specexit-signal-source", "head",
+                                                          "--specexit-method", "confidence", "--dcut", "off"])
+    proc = subprocess.run(cmd, env=cpu_testbed_env(), capture_output=True, text=True, timeout=300,
                           start_new_session=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
