@@ -166,11 +166,17 @@ def test_tp2_matches_tp1_with_the_same_tier_on_both_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_dp2_matches_tp1(tmp_path):
-    """DP 2 (two schedulers, requests split round-robin): answers equal TP 1's and both DP ranks run
-    D-Cut and SpecExit. Budget: ~2-4 min (two server start-ups)."""
+    """DP 2 (two schedulers, requests split round-robin): the same answers as TP 1, and both DP ranks run
+    D-Cut and SpecExit. Each rank batches half the requests, and CPU matmuls are not batch-invariant,
+    so SpecExit's smoothed signals can cross a threshold one paragraph earlier or later: the reasoning
+    is the same greedy text up to the earlier exit (one is a prefix of the other). Budget: ~2-4 min
+    (two server start-ups)."""
     ref, _, _ = _serve(tmp_path, "tp1", ["--tp-size", "1"], {})
     out, info, traces = _serve(tmp_path, "dp2", ["--dp-size", "2"], {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
-    assert out == ref
+    assert len(out) == len(ref)
+    for (reasoning, answer), (ref_reasoning, ref_answer) in zip(out, ref):
+        assert answer == ref_answer
+        assert reasoning.startswith(ref_reasoning) or ref_reasoning.startswith(reasoning), (reasoning, ref_reasoning)
     states = info["internal_states"]
     assert len(states) == 2
     for state in states:
