@@ -5,7 +5,7 @@
 #   extra arguments are passed to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_cpu.sh 2>&1 | grep -v "^WARNING: Location" || true
+scripts/install_cpu.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 if [ "${1:-}" = "--slow" ]; then
   shift

@@ -503,8 +503,17 @@ def preset_values(config: Mapping[Any, Any]) -> Dict[Any, Any]:
     return out
 
 
-def check_against_server(cfg: ExtensionConfig, speculative_algorithm: Optional[str]) -> None:
+#: ``--disaggregation-mode`` values that mean "no prefill/decode disaggregation" (SGLang's default is "null").
+NO_DISAGGREGATION = (None, "", "null")
+
+
+def check_against_server(cfg: ExtensionConfig, speculative_algorithm: Optional[str],
+                         disaggregation_mode: Optional[str] = None) -> None:
     """Cross-checks with SGLang's own flags that need no model or tokenizer.
+
+    Prefill/decode disaggregation is refused for both features: on a decode server SpecExit never
+    sees a request's prefill (it would treat every request as non-thinking), and D-Cut has not been
+    tested with a transferred KV cache.
 
     Examples
     --------
@@ -525,6 +534,12 @@ def check_against_server(cfg: ExtensionConfig, speculative_algorithm: Optional[s
         if algo not in EAGLE_FAMILY:
             raise ConfigError("--specexit: needs an EAGLE-family draft (--speculative-algorithm EAGLE3, EAGLE or "
                               f"NEXTN), got {algo or 'no speculative decoding'}")
+    if disaggregation_mode not in NO_DISAGGREGATION:
+        for flag, on in (("--specexit", cfg.specexit.enabled), ("--dcut", cfg.dcut.enabled)):
+            if on:
+                raise ConfigError(f"{flag}: not supported with --disaggregation-mode {disaggregation_mode} "
+                                  "(SpecExit must see each request's prefill on the same server; D-Cut is untested "
+                                  "with prefill/decode disaggregation)")
 
 
 @dataclass(frozen=True)

@@ -109,9 +109,10 @@ def _speculative_algorithm_of(obj: Any) -> Optional[str]:
     return getattr(algo, "name", str(algo))
 
 
-def build_checked_config(values: dict, speculative_algorithm: Optional[str]) -> ExtensionConfig:
+def build_checked_config(values: dict, speculative_algorithm: Optional[str],
+                         disaggregation_mode: Optional[str] = None) -> ExtensionConfig:
     cfg = configs_from_mapping(values)
-    check_against_server(cfg, speculative_algorithm)
+    check_against_server(cfg, speculative_algorithm, disaggregation_mode)
     return cfg
 
 
@@ -128,7 +129,7 @@ def _after_add_cli_args(result, parser, *args, **kwargs):
 def _around_from_cli_args(original_fn, cls, args, *rest, **kwargs):
     server_args = original_fn(cls, args, *rest, **kwargs)
     try:
-        cfg = build_checked_config(vars(args), _speculative_algorithm_of(args))
+        cfg = build_checked_config(vars(args), _speculative_algorithm_of(args), getattr(args, "disaggregation_mode", None))
     except ConfigError as e:
         _fail_cli(e)
     attach_extension_config(server_args, cfg)
@@ -160,7 +161,7 @@ def _around_engine_init(original_fn, self, *args, **kwargs):
     # before the scheduler processes are spawned.
     from sglang.srt.entrypoints.engine import Engine
 
-    cfg = build_checked_config(ext, kwargs.get("speculative_algorithm"))
+    cfg = build_checked_config(ext, kwargs.get("speculative_algorithm"), kwargs.get("disaggregation_mode"))
     kwargs.setdefault("log_level", "error")
     server_args = getattr(self, "server_args_class", None) or Engine.server_args_class
     sa = server_args(**kwargs)

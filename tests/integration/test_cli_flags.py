@@ -64,6 +64,8 @@ INVALID = [
     (EAGLE3 + ["--dcut", "auto", "--dcut-profile-batch-sizes", "8,4"], "--dcut-profile-batch-sizes"),
     (EAGLE3 + ["--dcut", "auto", "--dcut-profile-batch-sizes", "0,4"], "--dcut-profile-batch-sizes"),
     (EAGLE3 + ["--dcut", "auto", "--dcut-profile-context-len", "0"], "--dcut-profile-context-len"),
+    (EAGLE3 + ["--specexit", "--disaggregation-mode", "decode"], "--specexit"),
+    (EAGLE3 + ["--dcut", "auto", "--disaggregation-mode", "prefill"], "--dcut"),
 ]
 
 

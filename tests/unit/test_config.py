@@ -103,6 +103,16 @@ def test_cross_checks_with_the_speculative_algorithm():
     check_against_server(configs_from_mapping({}), None)  # everything off: nothing to check
 
 
+@pytest.mark.parametrize("flags,flag", [({"specexit": True}, "--specexit"), ({"dcut": "auto"}, "--dcut")])
+def test_prefill_decode_disaggregation_is_refused(flags, flag):
+    cfg = configs_from_mapping(flags)
+    for mode in ("decode", "prefill"):
+        with pytest.raises(ConfigError, match=f"^{flag}: not supported with --disaggregation-mode {mode}"):
+            check_against_server(cfg, "EAGLE3", mode)
+    check_against_server(cfg, "EAGLE3", "null")  # SGLang's default: no disaggregation
+    check_against_server(configs_from_mapping({}), "EAGLE3", "decode")  # extension off: nothing to refuse
+
+
 def test_cost_table_path_must_exist(tmp_path):
     with pytest.raises(ConfigError, match=r"^--dcut-cost-table: file not found"):
         DCutConfig(mode="auto", cost_table=str(tmp_path / "missing.json"))
