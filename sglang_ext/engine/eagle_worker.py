@@ -14,10 +14,20 @@ published. Each feature lives in its own glue module and is driven from here:
   GenerationBatchResult`` after every verify.
 
 With a feature off its runner is ``None`` and the stock path runs unchanged.
+
+Draft-off steps (``--dcut auto --dcut-draft-off auto``, ``patches/zero_step_draft_off.md``): before a
+decode step drafts, ``DCutRunner.draft_off_for_step`` may decide to skip drafting. The step then runs
+SGLang's own zero-step round of ``EAGLEWorkerV2.forward_batch_generation`` (``speculative_num_steps
+== 0``: ``_build_trivial_verify_input``, a one-node verify rooted at the last bonus token, then the
+draft extend over that one row, so the draft's KV and hidden state stay current): the worker's and
+the draft worker's ``speculative_num_steps`` / ``speculative_num_draft_tokens`` are 0 / 1 for that
+one call and restored after it. The scheduler reads the step's row stride from the result
+(``speculative_num_draft_tokens`` = 1) and the KV reserve of the next step is unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
@@ -64,6 +74,12 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
             self.dcut.init_after_graphs(self)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        if self._draft_off_now(batch):
+            with self._zero_step():
+                result = super().forward_batch_generation(batch, on_publish=on_publish,
+                                                          grammar_barrier=grammar_barrier,
+                                                          pp_proxy_tensors=pp_proxy_tensors)
+            return result
         result = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                                                    pp_proxy_tensors=pp_proxy_tensors)
         if self.specexit is not None and (batch.forward_mode.is_extend() or batch.is_extend_in_batch):
@@ -79,3 +95,43 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
         if self.specexit is not None:
             result = self.specexit.after_verify(self, batch, verify_input, result)
         return result
+
+    # ------------------------------------------------------------------ draft-off steps
+    def _draft_off_now(self, batch) -> bool:
+        """A decode step (not idle, not a pre-built PP verify input) whose drafting D-Cut skips."""
+        if self.dcut is None or self._draft_worker is None:
+            return False
+        mode = batch.forward_mode
+        if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or batch.spec_info is None:
+            return False
+        if batch.spec_info.is_verify_input() or self.speculative_num_steps == 0:
+            return False
+        if not self.dcut.draft_off_for_step(int(batch.seq_lens.shape[0])):
+            return False
+        from sglang.srt.environ import envs
+
+        if envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.get():  # would leave the draft model stale
+            if not getattr(self, "_skip_extend_warned", False):
+                self._skip_extend_warned = True
+                logger.warning("D-Cut: draft-off steps disabled: SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND would skip "
+                               "the draft extend of a zero-step round and leave the draft model stale")
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def _zero_step(self):
+        """SGLang's zero-step configuration for one ``forward_batch_generation`` call: no drafting,
+        a one-node verify and a one-row draft extend per request (the attributes the adaptive
+        controller switches, without its per-step-count attention backends and graphs)."""
+        dw = self._draft_worker
+        saved = (self.speculative_num_steps, self.speculative_num_draft_tokens, dw.speculative_num_steps,
+                 dw.speculative_num_draft_tokens)
+        self.speculative_num_steps, self.speculative_num_draft_tokens = 0, 1
+        dw.speculative_num_steps, dw.speculative_num_draft_tokens = 0, 1
+        self.dcut.step_draft_off = True
+        try:
+            yield
+        finally:
+            self.dcut.step_draft_off = False
+            (self.speculative_num_steps, self.speculative_num_draft_tokens, dw.speculative_num_steps,
+             dw.speculative_num_draft_tokens) = saved

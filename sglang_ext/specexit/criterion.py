@@ -238,7 +238,8 @@ def decide_exit(
     drafted = accepted != PAD_TOKEN  # [batch_size, max_drafts]
     num_accepted = drafted.sum(dim=1)  # a
     run = torch.cat([root[:, None], accepted], dim=1)  # [batch_size, max_drafts + 1]: r_0..r_a
-    valid = torch.cat([torch.ones_like(drafted[:, :1]), drafted], dim=1)
+    # the root is always valid (also with no draft column: a draft-off step, N = 1)
+    valid = torch.cat([torch.ones((batch_size, 1), dtype=torch.bool, device=device), drafted], dim=1)
 
     natural_end = thinking & (((run == stop_think_id) & valid).any(dim=1) | (bonus == stop_think_id))
     active = thinking & ~natural_end  # [batch_size]

@@ -370,3 +370,28 @@ def test_emitted_len_and_cut_reproduce_the_verify_edit_map_example():
     assert d.emitted_len.tolist() == [2, 3]
     assert d.keep_drafts.tolist() == [1, 2]
     assert d.exit.tolist() == [True, False]
+
+
+def test_one_token_verify_without_drafts():
+    """A draft-off step (N = 1): no accepted drafts, the root alone can be the exit boundary."""
+    accepted, bonus = split_emitted_run(torch.tensor([21, 22, 151668]), torch.tensor([1, 1, 1]), 1)
+    assert accepted.shape == (3, 0) and bonus.tolist() == [21, 22, 151668]
+    d = decide_exit(
+        thinking=torch.tensor([True, True, True]),
+        root_ids=torch.tensor([11, 12, 11]),  # request 0 and 2 sit on the boundary token 11
+        accepted_ids=accepted,
+        bonus_ids=bonus,
+        think_tokens=torch.tensor([50, 50, 50]),
+        signals_pass=torch.tensor([True, True, True]),
+        min_think_tokens=torch.tensor([0, 0, 0]),
+        max_think_tokens=torch.tensor([NO_MAX_THINK, NO_MAX_THINK, NO_MAX_THINK]),
+        max_think_grace=torch.tensor([0, 0, 0]),
+        boundary_ids=torch.tensor([11]),
+        stop_think_id=151668,
+    )
+    # request 0 exits at the root (keeps 0 drafts, its bonus becomes the stop token); request 1 has
+    # no boundary; request 2's bonus is the stop token itself: a natural end
+    assert d.exit.tolist() == [True, False, False]
+    assert d.keep_drafts.tolist() == [0, 0, 0]
+    assert d.natural_end.tolist() == [False, False, True]
+    assert d.emitted_len.tolist() == [1, 1, 1]

@@ -9,6 +9,8 @@ D-Cut tests and ``bench/dcut_throughput.py``; nothing here runs inside the sched
   ``kv_pool`` (free / evictable / total KV slots);
 * :func:`set_force_ratio` -- ``/set_internal_state`` ``dcut_force_ratio``: a fixed ratio in
   (0, 1] (1.0 = full verification), or 0 for the configured ``--dcut`` mode;
+* :func:`set_force_draft_off` -- ``dcut_force_draft_off``: decode steps without drafting (1 every
+  step, ``k`` all but each k-th, 0 the configured choice);
 * :func:`set_compact` -- ``dcut_compact``: compacted verify, or the cut-links-only oracle;
 * :func:`set_draft_extend` -- ``dcut_draft_extend``: eager draft extend over the accepted rows
   (``"accepted"``) or SGLang's full verify window (``"window"``).
@@ -20,7 +22,7 @@ import json
 import urllib.request
 from typing import Any, Dict, List, Union
 
-__all__ = ["dcut_info", "dcut_states", "set_force_ratio", "set_compact", "set_draft_extend", "server_info"]
+__all__ = ["dcut_info", "dcut_states", "set_force_ratio", "set_force_draft_off", "set_compact", "set_draft_extend", "server_info"]
 
 Target = Union[str, Any]  # base URL or sglang.Engine
 
@@ -54,6 +56,12 @@ def dcut_states(target: Target) -> List[Dict[str, Any]]:
 def set_force_ratio(target: Target, ratio: float) -> bool:
     """Switch the server to a fixed ratio (0 = back to the configured mode). True when accepted."""
     return _set_internal_state(target, {"dcut_force_ratio": float(ratio)})
+
+
+def set_force_draft_off(target: Target, every: int) -> bool:
+    """Run decode steps without drafting: 1 = every step, ``k >= 2`` = every step but each k-th,
+    0 = back to the configured choice. True when accepted."""
+    return _set_internal_state(target, {"dcut_force_draft_off": int(every)})
 
 
 def set_compact(target: Target, compact: bool) -> bool:

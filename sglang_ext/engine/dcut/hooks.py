@@ -13,7 +13,8 @@ target                                                                 type   pu
 server to the fixed ratio ``r`` in (0, 1] (1.0 = full verification) and ``0`` back to the
 configured ``--dcut`` mode (used by tests and benches to compare modes on one server);
 ``dcut_compact`` 0 switches to the link-cut-only oracle (full-width forward, "Route C"), 1 back
-to the compacted verify; ``dcut_draft_extend`` ``"window"`` / ``"accepted"`` switches the rows of
+to the compacted verify; ``dcut_force_draft_off`` ``k`` runs decode steps without drafting (1: every
+step, ``k >= 2``: every step but each k-th, 0: back to the configured choice); ``dcut_draft_extend`` ``"window"`` / ``"accepted"`` switches the rows of
 the eager draft extend (``--dcut-draft-extend``, :mod:`sglang_ext.engine.dcut.draft_extend`).
 
 ``get_init_info`` is the scheduler's start-up handshake; its dict is merged into ``/server_info``
@@ -36,6 +37,7 @@ HOOK_UPDATE_HANDLERS = (
     "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._update_handlers"
 )
 FORCE_RATIO_KEY = "dcut_force_ratio"
+FORCE_DRAFT_OFF_KEY = "dcut_force_draft_off"
 COMPACT_KEY = "dcut_compact"
 DRAFT_EXTEND_KEY = "dcut_draft_extend"
 SERVER_INFO_KEY = "dcut"
@@ -105,6 +107,7 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
                                                       else runner.calibration.summary()),
                                       "tier_graphs": tier_graph_stats(scheduler),
                                       "draft_extend": draft_extend_stats(scheduler),
+                                      "draft_off": runner.draft_off_summary(),
                                       "kv_pool": kv_pool_state(scheduler)}
         except Exception as e:  # metrics must never break /server_info
             logger.warning("D-Cut metrics unavailable: %s", e)
@@ -141,7 +144,18 @@ def after_update_handlers(result, controller, *args, **kwargs):
         logger.info("D-Cut: %s=%s", key, value)
         return None
 
+    def validate_draft_off(key, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UpdateRejected(f"{key} must be an integer >= 0 (0: the configured choice, 1: every step without "
+                                 f"drafting, k: every step but each k-th); got {value!r}")
+
+    def apply_draft_off(key, value):
+        runner.set_force_draft_off(int(value))
+        logger.info("D-Cut: %s=%s", key, value)
+        return None
+
     result[FORCE_RATIO_KEY] = handler_cls(validate, apply)
+    result[FORCE_DRAFT_OFF_KEY] = handler_cls(validate_draft_off, apply_draft_off)
     result[COMPACT_KEY] = handler_cls(validate_compact, apply_compact)
     rows = draft_extend_rows_of(getattr(controller, "scheduler", None))
     if rows is not None:

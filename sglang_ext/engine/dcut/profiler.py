@@ -30,7 +30,9 @@ from the first step of the largest batch size, which is profiled first).
 
 What is timed (docs/algorithms.md#d-cut-cost-profiling): a *full speculative decode step* of the real worker
 (``draft`` + pruned ``verify`` at a fixed tier + draft extend), for every profiled batch size
-and tier, with ``--dcut-profile-warmup`` warm-up steps per tier, then ``--dcut-profile-steps``
+and tier, and with ``--dcut-draft-off auto`` the *draft-off step* too (the worker's zero-step round:
+a one-token verify per request + its draft extend; the table's ``off_ms``, one more column of the
+same round-robin; the cache file name then hashes that, so an older table is not reused), with ``--dcut-profile-warmup`` warm-up steps per tier, then ``--dcut-profile-steps``
 timed steps per tier taken round-robin over the tiers (the order reversed every other round), so
 the drift of a shared host hits every tier alike; the cost is the median of a tier's timed steps.
 The batch is made of synthetic requests (random token ids, ``context_len`` tokens each) built
@@ -103,7 +105,7 @@ def default_cache_dir() -> str:
 
 
 def cache_path(key: CostTableKey, tiers: Sequence[float], batch_sizes: Sequence[int],
-               cache_dir: Optional[str] = None) -> str:
+               cache_dir: Optional[str] = None, draft_off: bool = False) -> str:
     """Cache file of a profiling setup: ``<dir>/dcut-<sha256(key, tiers, batch sizes)[:16]>.json``.
 
     Examples
@@ -113,7 +115,7 @@ def cache_path(key: CostTableKey, tiers: Sequence[float], batch_sizes: Sequence[
     >>> a.startswith("/x/dcut-"), a == cache_path(k, (0.5, 1.0), (1, 4), "/x"), a == cache_path(k, (0.25, 0.5, 0.75, 1.0), (1, 8), "/x")
     (True, False, False)
     """
-    ident = json.dumps(cache_identity(key, tiers, batch_sizes), sort_keys=True)
+    ident = json.dumps(cache_identity(key, tiers, batch_sizes, draft_off=draft_off), sort_keys=True)
     digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
     return os.path.join(cache_dir or default_cache_dir(), f"dcut-{digest}.json")
 
@@ -424,11 +426,16 @@ def _prefill_in_groups(worker: Any, reqs: Sequence[Any], group_size: int, tree_c
     return batch
 
 
-def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int, tiers: Sequence[float],
-                            warmup: int, steps: int, seed: int, group_size: Optional[int] = None,
-                            on_first_step=None) -> List[float]:
-    """Median full-step ms for every tier at batch size ``bs`` (prefill in groups of ``group_size``
-    requests; ``on_first_step(ms)`` is called after the first decode step)."""
+DRAFT_OFF_COLUMN = None
+"""A profiled column that is the draft-off step (no drafting) instead of a tier ratio."""
+
+
+def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int,
+                            tiers: Sequence[Optional[float]], warmup: int, steps: int, seed: int,
+                            group_size: Optional[int] = None, on_first_step=None) -> List[float]:
+    """Median full-step ms for every column at batch size ``bs``: a tier ratio, or
+    :data:`DRAFT_OFF_COLUMN` for the draft-off step, timed in the same round-robin (prefill in
+    groups of ``group_size`` requests; ``on_first_step(ms)`` is called after the first decode step)."""
     target = worker.target_worker.model_runner
     r2t = target.req_to_token_pool
     allocator = target.token_to_kv_pool_allocator
@@ -439,8 +446,9 @@ def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int,
     try:
         batch = _prefill_in_groups(worker, reqs, max(1, int(group_size or bs)), tree_cache)
 
-        def step(ratio: float) -> float:
-            runner.forced_ratio = float(ratio)
+        def step(ratio: Optional[float]) -> float:
+            runner.forced_draft_off = ratio is DRAFT_OFF_COLUMN
+            runner.forced_ratio = 1.0 if ratio is DRAFT_OFF_COLUMN else float(ratio)
             batch.prepare_for_decode()
             _sync(target.device)
             t0 = time.perf_counter()
@@ -463,6 +471,7 @@ def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int,
         costs = [_robust_cost(t) for t in times]
     finally:
         runner.forced_ratio = None
+        runner.forced_draft_off = None
         _release(reqs, r2t, allocator)
     return costs
 
@@ -494,34 +503,36 @@ def profile_cost_table(runner: Any, worker: Any, key: CostTableKey, plan: Profil
     size first, and fill the skipped batch sizes (see the module docstring)."""
     cfg = runner.cfg
     tiers = tuple(runner.tiers)
+    draft_off = bool(getattr(cfg, "may_draft_off", False))
+    columns = tiers + ((DRAFT_OFF_COLUMN,) if draft_off else ())
     warmup, steps = int(cfg.profile_warmup), int(cfg.profile_steps)
     if not plan.measured:
         raise RuntimeError(f"no profiled batch size fits this server ({'; '.join(plan.skipped.values())})")
     allocator = worker.target_worker.model_runner.token_to_kv_pool_allocator
     free_before = int(allocator.available_size())
     logger.info("D-Cut: profiling the cost table: batch sizes %s x tiers %s, %d warm-up + %d timed steps each, "
-                "context %d, prefill groups of %d requests", list(plan.measured[::-1]), list(tiers), warmup, steps,
-                plan.context_len, plan.group_size)
+                "context %d, prefill groups of %d requests%s", list(plan.measured[::-1]), list(tiers), warmup, steps,
+                plan.context_len, plan.group_size, ", and the draft-off step" if draft_off else "")
     for bs, reason in plan.skipped.items():
         logger.warning("D-Cut: profiling skips batch size %d (%s); its costs are copied from the nearest measured "
                        "batch size", bs, reason)
 
     def announce(step_ms: float) -> None:
         logger.info("D-Cut: cost profiling expected to take <= %.0f s (a step at batch size %d takes %.1f ms)",
-                    expected_profile_s(plan, len(tiers), warmup, steps, step_ms), plan.measured[0], step_ms)
+                    expected_profile_s(plan, len(columns), warmup, steps, step_ms), plan.measured[0], step_ms)
 
-    bar = _progress(len(plan.measured) * len(tiers), "D-Cut cost profiling")
+    bar = _progress(len(plan.measured) * len(columns), "D-Cut cost profiling")
     measured: Dict[int, List[float]] = {}
     t0 = time.perf_counter()
     metrics_before = runner.metrics
     try:
         with torch.no_grad():
             for i, bs in enumerate(plan.measured):
-                row = _profile_one_batch_size(worker, runner, bs, plan.context_len, tiers, warmup, steps, seed=i,
+                row = _profile_one_batch_size(worker, runner, bs, plan.context_len, columns, warmup, steps, seed=i,
                                               group_size=plan.group_size, on_first_step=announce if i == 0 else None)
                 measured[bs] = row
                 if bar is not None:
-                    bar.update(len(tiers))
+                    bar.update(len(columns))
                     bar.set_postfix(bs=bs, ms=",".join(f"{c:.1f}" for c in row))
     finally:
         if bar is not None:
@@ -533,7 +544,8 @@ def profile_cost_table(runner: Any, worker: Any, key: CostTableKey, plan: Profil
     logger.info("D-Cut: profiled %d batch sizes x %d tiers in %.1f s", len(plan.measured), len(tiers),
                 time.perf_counter() - t0)
     rows, _ = fill_from_nearest(plan.batch_sizes, measured)
-    return CostTable.build(key, plan.batch_sizes, rows, tiers=tiers)
+    return CostTable.build(key, plan.batch_sizes, [r[:len(tiers)] for r in rows], tiers=tiers,
+                           off_ms=[r[-1] for r in rows] if draft_off else None)
 
 
 # ----------------------------------------------------------------------------- TP agreement
@@ -650,7 +662,8 @@ def obtain_cost_table(runner: Any, worker: Any) -> Tuple[Optional[CostTable], Di
     batch_sizes = profile_batch_sizes(cfg, worker)
     context_len = profile_context_len(cfg, worker, max(batch_sizes))
     key = cost_table_key(worker, context_len)
-    path = cache_path(key, runner.tiers, batch_sizes, cfg.cache_dir)
+    measure_off = bool(getattr(cfg, "may_draft_off", False))  # the draft-off step is timed too (hashed)
+    path = cache_path(key, runner.tiers, batch_sizes, cfg.cache_dir, draft_off=measure_off)
 
     if os.path.exists(path):
         def load_cache():
@@ -675,8 +688,13 @@ def obtain_cost_table(runner: Any, worker: Any) -> Tuple[Optional[CostTable], Di
     try:
         plan = make_plan(cfg, worker, batch_sizes, context_len)
         table = profile_cost_table(runner, worker, key, plan)
-        rows = max_over_ranks([list(r) for r in table.step_ms], group)
-        data = _broadcast_from_rank0(CostTable.build(key, batch_sizes, rows, tiers=runner.tiers).to_dict(), group)
+        off = None if table.off_ms is None else list(table.off_ms)
+        rows = max_over_ranks([list(r) + ([off[i]] if off is not None else []) for i, r in enumerate(table.step_ms)],
+                              group)
+        ntiers = len(runner.tiers)
+        data = _broadcast_from_rank0(CostTable.build(key, batch_sizes, [r[:ntiers] for r in rows], tiers=runner.tiers,
+                                                     off_ms=None if off is None else [r[ntiers] for r in rows]
+                                                     ).to_dict(), group)
         table = CostTable.from_dict(data)
     except Exception as e:
         logger.warning("D-Cut: cost profiling failed (%s: %s); fallback ratio 0.75", type(e).__name__, e)

@@ -64,17 +64,22 @@ import torch
 
 from sglang_ext.config import DCUT_CALIBRATION_POWER
 from sglang_ext.dcut import (
+    DRAFT_OFF_TIER,
     MODE_AUTO,
     MODE_OFF,
     CompactTree,
     CostTable,
     DCutPlan,
+    DraftOffParams,
+    DraftOffState,
     TreeTopology,
     build_full_mask,
     chain_keep_mask,
     choose,
     compact_tree,
     cut_links,
+    draft_off_decision,
+    observe_draft_gains,
     scatter_to_full,
 )
 from sglang_ext.dcut.calibration import PowerCalibration
@@ -221,6 +226,11 @@ class StepDecision:
         rows = batch_size * num_draft_tokens
         return cls(batch_size, num_draft_tokens, FULL_TIER, MODE_OFF, rows, rows, exempt_requests)
 
+    @classmethod
+    def draft_off(cls, batch_size: int, predicted_ms: Optional[float] = None) -> "StepDecision":
+        """A draft-off step: no drafting, one verified token (the root) per request."""
+        return cls(batch_size, 1, DRAFT_OFF_TIER, DRAFT_OFF_TIER, batch_size, batch_size, 0, predicted_ms)
+
 
 STEP_PARTS = ("draft", "plan", "target_forward", "verify_rest", "draft_extend", "other")
 """Parts of a decode step in :class:`StepTiming` (``verify_rest``: verify minus the target
@@ -314,6 +324,7 @@ class DCutMetrics:
     padded_tokens: int = 0  # sum of target-forward rows
     requests: int = 0  # sum of bs
     tier_histogram: Dict[str, int] = field(default_factory=dict)
+    draft_off_steps: int = 0  # steps run without drafting (also in tier_histogram as DRAFT_OFF_TIER)
     exempt_requests: Dict[str, int] = field(default_factory=lambda: {r: 0 for r in EXEMPT_REASONS})
     uncaptured_steps: int = 0
     predicted_ms_sum: float = 0.0
@@ -354,6 +365,8 @@ class DCutMetrics:
         self.padded_tokens += d.padded_tokens
         if d.pruned:
             self.pruned_steps += 1
+        if d.tier == DRAFT_OFF_TIER:
+            self.draft_off_steps += 1
         self.tier_histogram[d.tier] = self.tier_histogram.get(d.tier, 0) + 1
         if accept_lens is not None:
             s = accept_lens.detach().sum().to(torch.int64)
@@ -389,6 +402,7 @@ class DCutMetrics:
             "draft_accept_rate": ((accepted - self.requests) / kept_drafts) if kept_drafts > 0 else None,
             "mean_accept_length": (accepted / self.requests) if self.requests else None,
             "tier_histogram": dict(sorted(self.tier_histogram.items())),
+            "draft_off_steps": self.draft_off_steps,
             "exempt_requests": dict(self.exempt_requests),
             "uncaptured_steps": self.uncaptured_steps,
             "predicted_step_ms": (self.predicted_ms_sum / self.timed_steps) if self.timed_steps else None,
@@ -405,7 +419,7 @@ class DCutMetrics:
         hist = ", ".join(f"{k}:{v}" for k, v in s["tier_histogram"].items())
         return (f"D-Cut: steps {s['steps']}, keep ratio {f(s['keep_ratio'])}, verified {s['verified_tokens']} / "
                 f"accepted {s['accepted_tokens']} tokens (draft accept rate {f(s['draft_accept_rate'])}), "
-                f"tiers [{hist}], step ms predicted {f(s['predicted_step_ms'], '{:.2f}')} / measured "
+                f"tiers [{hist}], draft-off steps {s['draft_off_steps']}, step ms predicted {f(s['predicted_step_ms'], '{:.2f}')} / measured "
                 f"{f(s['measured_step_ms'], '{:.2f}')}, exempt {s['exempt_requests']}")
 
 
@@ -720,6 +734,14 @@ class DCutRunner:
         self.override_ratio: Optional[float] = None
         self.compact: Optional[bool] = None
         self.log_interval = LOG_INTERVAL_STEPS
+        # draft-off steps (--dcut auto --dcut-draft-off auto; see draft_off_for_step)
+        self.draft_off_params = DraftOffParams()
+        self.draft_off_state = DraftOffState()
+        self.forced_draft_off: Optional[bool] = None  # profiling: every step drafts (False) or not (True)
+        self.force_draft_off_every = 0  # /set_internal_state dcut_force_draft_off (0: the configured choice)
+        self.step_draft_off = False  # the step in progress runs without drafting (set by the worker)
+        self._decode_steps = 0
+        self._no_off_costs_warned = False
         self.unsupported = _unsupported_reason(worker)
         if self.unsupported is not None:
             logger.warning("D-Cut disabled: not supported with %s (full verification is used)", self.unsupported)
@@ -764,6 +786,7 @@ class DCutRunner:
             "cost_table_info": dict(self.table_info),
             "hf_config_matches": hf_matches,
             "calibration": self.cfg.calibration,
+            "draft_off": getattr(self.cfg, "draft_off", None),
         }
 
     # ------------------------------------------------------------------ per step
@@ -773,6 +796,62 @@ class DCutRunner:
         if self.override_ratio is not None:
             return float(self.override_ratio)
         return self.cfg.mode  # "auto" or a float ratio
+
+    def set_force_draft_off(self, every: int) -> None:
+        """Runtime knob ``dcut_force_draft_off``: 0 = the configured choice; 1 = every decode step
+        runs without drafting; ``k >= 2`` = every step but each k-th (tests and benches; also under
+        fixed ratios). Raises ValueError on a negative or non-integer value."""
+        if isinstance(every, bool) or int(every) != every or int(every) < 0:
+            raise ValueError(f"dcut_force_draft_off must be an integer >= 0, got {every!r}")
+        self.force_draft_off_every = int(every)
+
+    def draft_off_for_step(self, batch_size: int) -> bool:
+        """Whether the decode step about to start skips drafting (called by the worker *before*
+        drafting, once per decode step).
+
+        The draft's confidences of this step do not exist yet, so the choice comes from earlier
+        steps: :func:`sglang_ext.dcut.draft_off_decision` compares the cost table's draft-off cost
+        with every tier's, valued with the planner's smoothed expected accepted drafts per request
+        of the drafted steps (fed by :meth:`choose_step`), with a minimum dwell and periodic probe
+        steps. Only ``--dcut auto`` with ``--dcut-draft-off auto`` and a table holding draft-off
+        costs switches drafting off (a table without them is warned about once); fixed ratios
+        (configured or ``dcut_force_ratio``) never do. ``forced_draft_off`` (profiling) and
+        ``dcut_force_draft_off`` override the choice.
+        """
+        self._decode_steps += 1
+        if self.unsupported is not None or batch_size <= 0:
+            return False
+        if self.forced_draft_off is not None:
+            return bool(self.forced_draft_off)
+        k = self.force_draft_off_every
+        if k:
+            return k == 1 or self._decode_steps % k != 0
+        if not getattr(self.cfg, "may_draft_off", False) or self._mode() != MODE_AUTO or self.cost_table is None:
+            return False
+        if not self.cost_table.has_draft_off:
+            if not self._no_off_costs_warned:
+                self._no_off_costs_warned = True
+                logger.warning("D-Cut: the cost table has no draft-off costs (schema version 1, or profiled with "
+                               "--dcut-draft-off never); drafting is never switched off (re-profile to enable it)")
+            return False
+        decision = draft_off_decision(self.draft_off_state, batch_size, self.cost_table, self.draft_off_params)
+        self.draft_off_state = decision.state
+        return decision.off
+
+    def draft_off_summary(self) -> Dict[str, Any]:
+        """``/server_info`` ``internal_states[i].dcut.draft_off``: the setting, the current choice
+        and the smoothed expected accepted drafts per request at each tier."""
+        st = self.draft_off_state
+        return {"setting": getattr(self.cfg, "draft_off", None), "drafting": st.drafting,
+                "gains": None if st.gains is None else [round(g, 4) for g in st.gains],
+                "force_every": self.force_draft_off_every,
+                "table_has_costs": None if self.cost_table is None else self.cost_table.has_draft_off}
+
+    def _draft_off_predicted_ms(self, batch_size: int) -> Optional[float]:
+        if self.cost_table is None or self.forced_draft_off is not None:
+            return None
+        row = self.cost_table.lookup_off(batch_size)
+        return None if row is None else row[1]
 
     def set_override_ratio(self, ratio: Optional[float]) -> None:
         """Runtime mode override: a ratio in (0, 1] (1.0 = full verify), or None / 0 to return to
@@ -801,6 +880,9 @@ class DCutRunner:
             planned = self.calibration.apply(scores)
         plan = choose(planned, self.cost_table, self.tiers, mode, topology=topology, num_draft_tokens=n,
                       exempt=exempt)
+        if plan.tier_expected is not None:  # auto: what the next steps' draft-off choice learns from
+            self.draft_off_state = observe_draft_gains(self.draft_off_state, plan.batch_size, plan.tier_expected,
+                                                       self.draft_off_params)
         if self.calibration is not None:
             tree = plan.keep_mask is not None
             keep = plan.keep_mask if tree else chain_keep_mask(plan.keep_lens, n)  # [bs, N], root column 0
@@ -897,6 +979,14 @@ class DCutRunner:
         n = self.num_draft_tokens
         if bs == 0 or not hasattr(vi, "retrieve_next_token"):
             return full()
+        if self.step_draft_off:  # SGLang's one-node verify input (draft-off step): nothing to prune
+            result = full()
+            self.metrics.record(StepDecision.draft_off(bs, self._draft_off_predicted_ms(bs)),
+                                getattr(result, "accept_lens", None))
+            self._pending_obs = None
+            if self.log_interval and self.forced_draft_off is None and self.metrics.steps % self.log_interval == 0:
+                logger.info(self.metrics.log_line())
+            return result
 
         if self.compact is None:
             self.compact = _backend_runs_ragged_verify(worker)
