@@ -1,0 +1,67 @@
+"""Drift guard for the D-Cut draft-off step (``patches/zero_step_draft_off.md``): the SGLang pieces
+of the zero-step round that ``ExtEAGLEWorker`` runs for one decode step.
+
+Budget: < 30 s (imports SGLang's speculative modules; no engine).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from drift_guard import param_names as _params
+
+
+def test_zero_step_round_of_forward_batch_generation():
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    fn = EAGLEWorkerV2.forward_batch_generation
+    assert _params(fn) == ["self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"]
+    src = inspect.getsource(fn)
+    # the zero-step branch reads the worker attribute per call and builds SGLang's one-node verify
+    assert "elif self.speculative_num_steps == 0:" in src
+    assert "verify_input = self._build_trivial_verify_input(batch)" in src
+    # ... and still runs the draft extend unless SGLang's skip flag is set (the worker refuses it)
+    assert "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND" in src
+    assert "self.draft_worker._draft_extend_for_decode(" in src
+    assert src.index("self._build_trivial_verify_input(batch)") < src.index("self.verify(")
+
+
+def test_trivial_verify_input_is_a_one_node_tree_at_the_bonus_token():
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    fn = EAGLEWorkerV2._build_trivial_verify_input
+    assert _params(fn) == ["self", "batch"]
+    src = inspect.getsource(fn)
+    assert "draft_token=draft_input.bonus_tokens" in src and "draft_token_num=1" in src
+    assert "spec_steps=0" in src and "capture_hidden_mode=CaptureHiddenMode.FULL" in src
+
+
+def test_widths_come_from_the_worker_attributes_the_worker_switches():
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    # verify width: the worker's speculative_num_draft_tokens, read per call
+    assert "num_draft_tokens=self.speculative_num_draft_tokens" in inspect.getsource(EAGLEWorkerV2.verify)
+    # draft extend width: the draft worker's speculative_num_draft_tokens, read per call
+    ext = inspect.getsource(EagleDraftWorker._draft_extend_for_decode)
+    assert "num_tokens_per_req=self.speculative_num_draft_tokens" in ext
+    # the adaptive controller switches the same four attributes (plus its backends / graphs)
+    apply = inspect.getsource(EAGLEWorkerV2.apply_runtime_state)
+    for line in ("self.speculative_num_steps = state.speculative_num_steps",
+                 "self.speculative_num_draft_tokens = state.speculative_num_draft_tokens",
+                 "dw.speculative_num_steps = state.speculative_num_steps",
+                 "dw.speculative_num_draft_tokens = state.speculative_num_draft_tokens"):
+        assert line in apply
+
+
+def test_scheduler_reads_the_row_stride_from_the_result():
+    import sglang.srt.managers.scheduler_components.batch_result_processor as brp
+    from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
+
+    assert "result.speculative_num_draft_tokens" in inspect.getsource(brp._get_speculative_output_stride)
+    assert "speculative_num_draft_tokens=num_draft_tokens" in inspect.getsource(run_eagle_verify)
+
+
+def test_skip_flag_exists():
+    from sglang.srt.environ import envs
+
+    assert envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.get() in (False, True)
