@@ -17,7 +17,7 @@ metric                                      type     meaning
 ``sglang:dcut_accepted_tokens_total``       counter  accepted tokens (bonus included)
 ``sglang:dcut_full_tokens_total``           counter  rows of full verification (bs x N)
 ``sglang:dcut_padded_tokens_total``         counter  rows of the tier-padded forward
-``sglang:dcut_tier_steps_total{tier}``      counter  steps per tier (``full``, ``0.5``, ``fallback:0.75``)
+``sglang:dcut_tier_steps_total{tier}``      counter  steps per tier (``full``, ``0.5``, ``fallback:0.75``, ``draft_off``)
 ``sglang:dcut_exempt_requests_total{reason}``  counter  requests kept whole, by reason
 ``sglang:dcut_keep_ratio``                  gauge    verified / full rows since start
 ``sglang:dcut_predicted_step_ms``           gauge    mean cost-table prediction per step
