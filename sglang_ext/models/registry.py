@@ -91,8 +91,9 @@ SMOLLM2_EAGLE3 = ShippedDraft(
     target=SMOLLM2.name,
     description="EAGLE3 draft for smollm2-135m-instruct trained by sglang_ext.recipe.eagle3 "
                 "(one layer, reduced draft vocabulary)",
-    build_command="python -m sglang_ext.recipe.eagle3 --target $(python -m sglang_ext.models "
-                  "path smollm2-135m-instruct) --out runs/smollm2-eagle3",
+    build_command="python -m sglang_ext.recipe.eagle3 --target \"$(python -m sglang_ext.models "
+                  "fetch smollm2-135m-instruct | tail -n 1)\" --out runs/smollm2-eagle3 && cp -r "
+                  "runs/smollm2-eagle3/draft sglang_ext/models/drafts/smollm2-135m-instruct-eagle3",
 )
 
 REGISTRY: Dict[str, Entry] = {e.name: e for e in (SMOLLM2, SMOLLM2_EAGLE3)}

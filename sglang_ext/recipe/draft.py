@@ -3,7 +3,12 @@ draft vocabulary and its checkpoint in the standard EAGLE3 format.
 
 What SGLang 0.5.23 runs (``sglang/srt/models/llama_eagle3.py``, ``LlamaForCausalLMEagle3``):
 
-* ``fc``: ``[H, 3H]``, applied to the target features (:mod:`sglang_ext.recipe.features`);
+* ``fc_norm`` (config ``fc_norm: true``): one RMSNorm per tapped layer, applied to its
+  ``H``-wide chunk of the target features before ``fc`` -- real targets carry activation
+  outliers (SmolLM2: |x| up to ~2.5e4 in a few channels), which a plain ``fc`` turns into a
+  residual stream the draft cannot use;
+* ``fc``: ``[H, 3H]``, applied to the (normalized) target features
+  (:mod:`sglang_ext.recipe.features`);
 * ``midlayer`` (one decoder layer, checkpoint prefix ``midlayer.``): ``residual = h``;
   ``x = cat(input_layernorm(embed(token)), hidden_norm(h))``; q/k/v projections from
   ``2H`` (grouped-query heads as the target's); ``residual += o_proj(attn)``;
@@ -56,9 +61,10 @@ class DraftSpec:
     rms_norm_eps: float
     eos_token_id: Optional[object] = None
     bos_token_id: Optional[int] = None
+    fc_norm: bool = True
 
     @classmethod
-    def from_target_config(cls, tc, draft_vocab_size: int) -> "DraftSpec":
+    def from_target_config(cls, tc, draft_vocab_size: int, fc_norm: bool = True) -> "DraftSpec":
         """From a transformers Llama config; refuses RoPE scaling it does not model."""
         rp = getattr(tc, "rope_parameters", None) or {}
         rope_type = rp.get("rope_type", "default") if isinstance(rp, dict) else "default"
@@ -77,7 +83,7 @@ class DraftSpec:
             target_num_layers=tc.num_hidden_layers,
             max_position_embeddings=tc.max_position_embeddings, rope_theta=theta,
             rms_norm_eps=tc.rms_norm_eps, eos_token_id=getattr(tc, "eos_token_id", None),
-            bos_token_id=getattr(tc, "bos_token_id", None))
+            bos_token_id=getattr(tc, "bos_token_id", None), fc_norm=fc_norm)
 
     def hf_config(self) -> Dict:
         """``config.json`` in the standard EAGLE3 (Llama) draft layout."""
@@ -109,6 +115,7 @@ class DraftSpec:
                 "use_aux_hidden_state": True,
             },
             "target_num_hidden_layers": self.target_num_layers,
+            "fc_norm": self.fc_norm,
         }
 
 
@@ -166,6 +173,7 @@ class Eagle3DraftModel(nn.Module):
         self.spec = spec
         self.register_buffer("embed_weight", embed_weight.detach().clone(), persistent=False)
         self.register_buffer("draft_ids", draft_ids.clone(), persistent=False)  # [draft_vocab]
+        self.fc_norm = nn.ModuleList([RMSNorm(H, spec.rms_norm_eps) for _ in range(3)]) if spec.fc_norm else None
         self.fc = nn.Linear(3 * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, spec.rms_norm_eps)
         self.input_layernorm = RMSNorm(H, spec.rms_norm_eps)
@@ -180,13 +188,25 @@ class Eagle3DraftModel(nn.Module):
         self.norm = RMSNorm(H, spec.rms_norm_eps)
         self.lm_head = nn.Linear(H, spec.draft_vocab_size, bias=False)
 
+    #: ``norm`` starts at this fraction of the target's final norm: a softer start (SmolLM2:
+    #: initial loss ~8.7 instead of ~16 with the full-scale, very peaked target head).
+    NORM_INIT_SCALE = 0.25
+
     @torch.no_grad()
     def init_from_target(self, target) -> None:
         """``lm_head`` rows = the target's LM-head rows of the draft vocabulary; ``norm`` = the
-        target's final norm (the draft's output should look like the target's last hidden)."""
+        target's final norm, scaled by ``NORM_INIT_SCALE`` (the draft's output should look like
+        the target's last hidden state)."""
         head = target.get_output_embeddings().weight  # [vocab_size, H]
         self.lm_head.weight.copy_(head[self.draft_ids])
-        self.norm.weight.copy_(target.model.norm.weight)
+        self.norm.weight.copy_(target.model.norm.weight * self.NORM_INIT_SCALE)
+
+    def project_features(self, features: torch.Tensor) -> torch.Tensor:
+        """``# [..., 3H]`` target features -> ``# [..., H]`` (``fc_norm`` per chunk, then ``fc``)."""
+        x = features.to(self.fc.weight.dtype)
+        if self.fc_norm is not None:
+            x = torch.cat([nrm(c) for nrm, c in zip(self.fc_norm, x.chunk(3, dim=-1))], dim=-1)
+        return self.fc(x)
 
     def _qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """tokens ``# [B, S]``, hidden ``# [B, S, H]``, positions ``# [B, S]`` -> q, k, v
@@ -243,7 +263,7 @@ class Eagle3DraftModel(nn.Module):
         n = S - 1
         toks_all = torch.cat([input_ids, input_ids.new_zeros(B, num_steps)], dim=1)
         pos0 = torch.arange(n, device=input_ids.device).unsqueeze(0).expand(B, n)
-        hidden = self.fc(features[:, :n].to(self.fc.weight.dtype))
+        hidden = self.project_features(features[:, :n])
         q0, k0, v0 = self._qkv(toks_all[:, 1 : n + 1], hidden, pos0)
         g = self._finish(F.scaled_dot_product_attention(q0, k0, v0, is_causal=True), hidden)
         out = [g]
@@ -285,6 +305,8 @@ class Eagle3DraftModel(nn.Module):
             "norm.weight": self.norm.weight,
             "lm_head.weight": self.lm_head.weight,
         }
+        if self.fc_norm is not None:
+            sd.update({f"fc_norm.{i}.weight": nrm.weight for i, nrm in enumerate(self.fc_norm)})
         sd = {k: v.detach().to(dtype).contiguous().clone() for k, v in sd.items()}
         d2t, t2d, _ = vocab_maps(self.draft_ids.cpu(), self.spec.vocab_size)
         sd["d2t"] = d2t
@@ -319,7 +341,7 @@ def load_draft(draft_dir: str, embed_weight: torch.Tensor) -> Eagle3DraftModel:
         draft_vocab_size=hf["draft_vocab_size"], target_num_layers=hf["target_num_hidden_layers"],
         max_position_embeddings=hf["max_position_embeddings"], rope_theta=hf["rope_theta"],
         rms_norm_eps=hf["rms_norm_eps"], eos_token_id=hf.get("eos_token_id"),
-        bos_token_id=hf.get("bos_token_id"))
+        bos_token_id=hf.get("bos_token_id"), fc_norm=bool(hf.get("fc_norm", False)))
     sd = load_file(os.path.join(draft_dir, "model.safetensors"))
     draft_ids = sd["d2t"] + torch.arange(sd["d2t"].shape[0])
     draft = Eagle3DraftModel(spec, embed_weight, draft_ids)

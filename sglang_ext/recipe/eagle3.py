@@ -43,9 +43,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap of stage 2")
     p.add_argument("--gen-batch-size", type=int, default=64, help="concurrent requests of stage 2")
     p.add_argument("--draft-vocab-size", type=int, default=4096, help="reduced draft vocabulary size")
-    p.add_argument("--epochs", type=float, default=6.0)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--epochs", type=float, default=10.0)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--batch-tokens", type=int, default=2048, help="padded tokens per optimizer step")
+    p.add_argument("--train-lm-head", action="store_true",
+                   help="train the LM head too (default: frozen at the target's rows)")
+    p.add_argument("--no-fc-norm", action="store_true",
+                   help="no per-layer RMSNorm of the target features before fc")
     p.add_argument("--ttt-steps", type=int, default=3, help="training-time-test chain steps")
     p.add_argument("--eval-steps", type=int, default=3, help="chain steps of the acceptance estimate")
     p.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default="float16",
@@ -171,13 +175,13 @@ def run(args: argparse.Namespace) -> str:
     tr = [i for i, s in enumerate(seqs) if s.split == "train"]
     ho = [i for i, s in enumerate(seqs) if s.split == "heldout"]
     eos = gen_mod.eos_ids(args.target)
-    spec = DraftSpec.from_target_config(target.config, args.draft_vocab_size)
+    spec = DraftSpec.from_target_config(target.config, args.draft_vocab_size, fc_norm=not args.no_fc_norm)
     draft_ids = select_draft_vocab([seqs[i].ids for i in tr], spec.vocab_size, spec.draft_vocab_size, eos)
     _, _, target_to_draft = vocab_maps(draft_ids, spec.vocab_size)
     draft = Eagle3DraftModel(spec, target.get_input_embeddings().weight, draft_ids)
     draft.init_from_target(target)
     cfg = TrainConfig(epochs=args.epochs, batch_tokens=args.batch_tokens, lr=args.lr,
-                      ttt_steps=args.ttt_steps, seed=args.seed)
+                      ttt_steps=args.ttt_steps, seed=args.seed, freeze_lm_head=not args.train_lm_head)
     ho_args = ([seqs[i].ids for i in ho], [seqs[i].prompt_len for i in ho], [features[i] for i in ho])
     evaluate = lambda: chain_acceptance(draft, *ho_args, num_steps=args.eval_steps)  # noqa: E731
     record = train_draft(draft, target_to_draft, [seqs[i].ids for i in tr],

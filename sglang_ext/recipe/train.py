@@ -28,14 +28,16 @@ from sglang_ext.testbed.common import lr_at
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: float = 6.0
+    epochs: float = 10.0
     batch_tokens: int = 2048      # padded tokens per optimizer step
-    lr: float = 1e-3
+    lr: float = 2e-3
     warmup: int = 20
     weight_decay: float = 0.0
     ttt_steps: int = 3
     step_decay: float = 0.8
     seed: int = 0
+    #: Keep the LM head at the target's rows (a strong prior when the data is small).
+    freeze_lm_head: bool = True
 
 
 def step_labels(ids: torch.Tensor, prompt_lens: torch.Tensor, lengths: torch.Tensor,
@@ -117,6 +119,7 @@ def train_draft(draft: Eagle3DraftModel, target_to_draft: torch.Tensor, seqs: Se
     n_epochs = max(1, int(round(cfg.epochs)))
     per_epoch = len(make_batches(lengths, cfg.batch_tokens, cfg.seed, 0))
     total = max(1, int(round(cfg.epochs * per_epoch)))
+    draft.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     losses: List[float] = []

@@ -190,6 +190,9 @@ def test_stage_e_checkpoint_format(trained):
     assert sd["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * 192
     assert sd["d2t"].dtype == torch.int64 and sd["t2d"].shape == (256,) and int(sd["t2d"].sum()) == DRAFT_VOCAB
     assert "embed_tokens.weight" not in sd
+    # per-layer feature norms (SGLang's fc_norm), trained away from their init
+    assert cfg["fc_norm"] is True and all(f"fc_norm.{i}.weight" in sd for i in range(3))
+    assert not torch.allclose(sd["fc_norm.0.weight"].float(), torch.ones(192))
 
 
 def test_stage_e_sglang_eagle3_lossless_and_estimate_matches(sequences, trained):

