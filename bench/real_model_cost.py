@@ -59,7 +59,7 @@ def main(argv=None) -> int:
 
     prepare_cpu_testbed()
     import sglang_ext.models as models
-    from sglang_ext.models.fetch import read_marker
+    from sglang_ext.models.download import read_marker
 
     res = {}
     if args.fresh:

@@ -1,6 +1,6 @@
 """Real models for the project without a model hub: ``python -m sglang_ext.models fetch NAME``.
 
-See :mod:`sglang_ext.models.registry` (the table), :mod:`sglang_ext.models.fetch`
+See :mod:`sglang_ext.models.registry` (the table), :mod:`sglang_ext.models.download`
 (download, checksum, cache) and :mod:`sglang_ext.models.convert` (GGUF -> safetensors).
 No SGLang import.
 """
@@ -12,7 +12,7 @@ __all__ = ["REGISTRY", "ModelsError", "default_cache_dir", "lookup", "fetch", "p
 
 def fetch(name, cache_dir=None, progress=True):
     """Local directory of ``name`` (fetched and converted on first use)."""
-    from sglang_ext.models.fetch import fetch as _fetch
+    from sglang_ext.models.download import fetch as _fetch
 
     return _fetch(name, cache_dir, progress)
 

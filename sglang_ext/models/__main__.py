@@ -46,7 +46,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     cache_dir = os.path.abspath(args.cache_dir) if args.cache_dir else None
     try:
         if args.command == "list":
-            from sglang_ext.models.fetch import is_complete
+            from sglang_ext.models.download import is_complete
 
             for name, entry in sorted(REGISTRY.items()):
                 d = model_dir(entry, cache_dir)
@@ -61,7 +61,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "path":
             print(model_dir(lookup(args.name), cache_dir))
             return 0
-        from sglang_ext.models.fetch import fetch
+        from sglang_ext.models.download import fetch
 
         d = fetch(args.name, cache_dir, progress=not args.no_progress)
         print(d)

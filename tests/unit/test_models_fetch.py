@@ -24,7 +24,7 @@ import tiny_gguf  # noqa: E402
 
 from sglang_ext.models import registry  # noqa: E402
 from sglang_ext.models.convert import ConversionError, convert_gguf  # noqa: E402
-from sglang_ext.models.fetch import fetch_gguf_model  # noqa: E402
+from sglang_ext.models.download import fetch_gguf_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
