@@ -75,6 +75,9 @@ def test_profiled_table_written_and_published(first_launch, cache_dir):
     assert info["hf_config_matches"] is True
     assert table["batch_sizes"] == PROFILE_BATCH_SIZES and table["tiers"] == [0.25, 0.5, 0.75, 1.0]
     assert all(len(row) == 4 and all(c > 0 for c in row) for row in table["step_ms"])
+    # --dcut-draft-off auto (the default): the draft-off step is timed too (schema version 2)
+    assert table["version"] == 2 and len(table["off_ms"]) == len(PROFILE_BATCH_SIZES)
+    assert all(c > 0 for c in table["off_ms"])
     key = table["key"]
     assert (key["draft_tokens"], key["topk"], key["num_steps"], key["tp"]) == (N, TOPK, STEPS, 1)
     assert key["attention_backend"] == "torch_sdpa" and key["dtype"] == "float32"
@@ -169,6 +172,7 @@ def test_second_setup_profiles_anew_and_fills_skipped_sizes(first_launch, tiny_m
     table = info["cost_table"]
     assert table["tiers"] == [0.5, 1.0] and table["batch_sizes"] == [1, 4, 4096]
     assert table["step_ms"][2] == table["step_ms"][1]  # 4096 copied from 4, the nearest measured size
+    assert table["off_ms"][2] == table["off_ms"][1]  # the draft-off cost is filled the same way
     assert src["filled"] == {"4096": 4} and "request rows" in src["skipped"]["4096"]
     assert "profiling skips batch size 4096" in log
     assert re.search(r"D-Cut: profiling the cost table: batch sizes \[1, 4\] .* prefill groups of 2 requests", log)
