@@ -65,6 +65,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINED = os.path.join(REPO, "sglang_ext", "testbed", "models")
 MODES = ("full", "r0.25", "r0.5", "r0.75", "auto")
 MODE_RATIO = {"full": 1.0, "r0.25": 0.25, "r0.5": 0.5, "r0.75": 0.75, "auto": 0.0}
+FIXED = ("r0.25", "r0.5", "r0.75")  # the fixed tiers below full verification ("best" = the fastest of them)
+NEVER = "auto-never"  # --dcut auto --dcut-draft-off never (a second engine on the same cost table)
+ADAPTIVE = "adaptive"  # SGLang's --speculative-adaptive (the chain only: topk 1)
+NO_SPEC = "no-spec"
+DCUT_MODES = MODES + (NEVER,)  # the modes with D-Cut metrics
+#: printing order of every mode a result may hold
+ALL_MODES = (NO_SPEC, "server", "full", "r0.25", "r0.5", "r0.75", NEVER, "auto", ADAPTIVE)
+#: why SGLang's adaptive speculative decoding cannot run a shape (its adaptive_unsupported_reason)
+ADAPTIVE_TOPK_REASON = ("SGLang's --speculative-adaptive supports only --speculative-eagle-topk 1 "
+                        "(sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason); this shape has "
+                        "topk {topk}, SGLang would fall back to the static tree")
 TIMING_ENV = "SGLANG_EXT_DCUT_TIMING"  # sglang_ext.engine.dcut.runner.TIMING_ENV (not imported: no SGLang yet)
 PROBLEM_SEED = 777
 
@@ -94,13 +105,22 @@ def _parse_args(argv=None):
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool (default: fits the largest batch)")
     p.add_argument("--attention-backend", default="torch_sdpa")
-    p.add_argument("--cache-dir", default=None, help="--dcut-cache-dir (default: sglang_ext's)")
+    p.add_argument("--cache-dir", default=None,
+                   help="--dcut-cache-dir (default: a fresh temporary directory, so the cost table, with the "
+                        "draft-off costs, is profiled at launch)")
     p.add_argument("--cost-table", default=None, help="--dcut-cost-table FILE (skips profiling)")
     p.add_argument("--profile-steps", type=int, default=None, help="--dcut-profile-steps (default: the server's)")
     p.add_argument("--no-timing", action="store_true", help="do not collect the per-step time split")
     p.add_argument("--out", default=os.path.join("bench", "out", "dcut_throughput.png"))
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--skip-no-spec", action="store_true")
+    p.add_argument("--skip-never", action="store_true",
+                   help=f"no '{NEVER}' engine (--dcut auto --dcut-draft-off never on the same cost table)")
+    p.add_argument("--skip-adaptive", action="store_true", help="no SGLang --speculative-adaptive engine")
+    p.add_argument("--adaptive-config", default=None, metavar="JSON",
+                   help="--speculative-adaptive-config of the adaptive engine (default: SGLang's default "
+                        "config with --num-steps added to the candidates of its batch-size-1 slot, since SGLang "
+                        "requires the launch --speculative-num-steps to be a candidate)")
     p.add_argument("--url", default=None, metavar="http://host:port",
                    help="measure a running SGLang server instead of launching engines (D-Cut modes "
                         "switched through /set_internal_state when its /server_info has a dcut entry)")
@@ -178,7 +198,10 @@ def _engine(target: str, args, **kw):
     base = dict(CPU_ENGINE_KWARGS)
     base.update(max_total_tokens=args.max_total_tokens or max(4096, 2 * max_bs * per_req),
                 max_running_requests=max(args.max_running_requests, max_bs),
-                attention_backend=args.attention_backend)
+                attention_backend=args.attention_backend,
+                # several engines stay up side by side (paired repeats): an idle scheduler waits on its
+                # sockets instead of polling (SGLang's --sleep-on-idle), so it takes no core from the one measured
+                sleep_on_idle=True)
     try:
         import torch
 
@@ -190,6 +213,122 @@ def _engine(target: str, args, **kw):
         pass
     base.update(kw)
     return sglang.Engine(model_path=target, **base)
+
+
+class EngineProcess:
+    """One ``sglang.Engine`` in a process of its own, driven over a pipe.
+
+    Several engines are up side by side for the paired repeats. In one process they would share
+    SGLang's process-wide runtime context (the last engine's speculative settings are read by every
+    engine's tokenizer manager: a plain engine next to EAGLE ones fails on SGLang's speculative
+    metrics) and ``Engine.shutdown`` kills every child process of the caller. Each engine therefore
+    runs in a spawned process; a run is timed there, around ``engine.generate``, as in
+    :func:`_run`, and the pipe round trip is outside the timed span.
+    """
+
+    def __init__(self, name: str, target: str, args, wait: bool = True, **kw):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.name = name
+        self.ready = False
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_engine_process_main, args=(child, target, args, kw), name=f"bench-{name}")
+        self.proc.start()
+        child.close()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until the engine is up (SystemExit with its traceback when it failed to start)."""
+        if self.ready:
+            return
+        status, payload = self._recv()
+        if status != "ready":
+            self.proc.join(30)
+            raise SystemExit(f"the {self.name} engine did not start:\n{payload}")
+        self.ready = True
+
+    def _recv(self):
+        try:
+            return self.conn.recv()
+        except EOFError:
+            return "error", f"the {self.name} engine process exited (code {self.proc.exitcode})"
+
+    def call(self, op: str, *a):
+        self.conn.send((op, a))
+        status, payload = self._recv()
+        if status != "ok":
+            raise RuntimeError(f"{self.name} engine, {op}: {payload}")
+        return payload
+
+    def client(self, fn: str, *a):
+        """``sglang_ext.engine.dcut.client.<fn>(engine, *a)`` in the engine's process."""
+        return self.call("client", fn, *a)
+
+    def get_server_info(self) -> dict:
+        return self.call("server_info")
+
+    def shutdown(self) -> None:
+        if self.proc.is_alive() and self.ready:
+            try:
+                self.conn.send(("stop", ()))
+                self._recv()
+            except (BrokenPipeError, OSError):
+                pass
+            self.proc.join(60)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(10)
+
+
+def _engine_process_main(conn, target: str, args, kw: dict) -> None:
+    """Body of an :class:`EngineProcess`: launch the engine, then serve requests until ``stop``."""
+    import threading
+    import traceback
+
+    parent = os.getppid()
+    try:
+        _activate_cpu_testbed()
+        from sglang_ext.engine.dcut import client
+
+        eng = _engine(target, args, **kw)
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+
+    def orphan_guard():  # the bench process died: take the engine's processes down with us
+        while True:
+            time.sleep(2.0)
+            if os.getppid() != parent:
+                try:
+                    eng.shutdown()
+                finally:
+                    os._exit(1)
+
+    threading.Thread(target=orphan_guard, daemon=True).start()
+    conn.send(("ready", None))
+    while True:
+        try:
+            op, a = conn.recv()
+        except EOFError:
+            op, a = "stop", ()
+        try:
+            if op == "stop":
+                eng.shutdown()
+                conn.send(("ok", None))
+                return
+            if op == "generate":
+                out = _run(eng, *a)
+            elif op == "client":
+                out = getattr(client, a[0])(eng, *a[1:])
+            elif op == "server_info":
+                out = eng.get_server_info()
+            else:
+                raise ValueError(f"unknown op {op!r}")
+            conn.send(("ok", out))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
 
 
 def _post_generate(url: str, prompt, params: dict) -> dict:
@@ -204,7 +343,7 @@ def _post_generate(url: str, prompt, params: dict) -> dict:
 
 
 def _run_http(url: str, prompts, params: dict) -> tuple:
-    """``len(prompts)`` concurrent ``/generate`` requests; (output tok/s, outputs)."""
+    """``len(prompts)`` concurrent ``/generate`` requests; (output tok/s, outputs, verify steps, tokens)."""
     from concurrent.futures import ThreadPoolExecutor
 
     t0 = time.perf_counter()
@@ -212,53 +351,78 @@ def _run_http(url: str, prompts, params: dict) -> tuple:
         outs = list(ex.map(lambda p: _post_generate(url, p, params), prompts))
     dt = time.perf_counter() - t0
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    return tokens / dt, [o.get("output_ids", o.get("text")) for o in outs]
+    return tokens / dt, [o.get("output_ids", o.get("text")) for o in outs], _verify_ct(outs), tokens
+
+
+def _verify_ct(outs) -> int:
+    """Sum of SGLang's per-request ``spec_verify_ct`` (0 without speculation or when not reported)."""
+    return sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
 
 
 def _run(engine, prompts, max_new_tokens) -> tuple:
+    """One timed batch: (output tok/s, output ids per request, SGLang's verify steps summed over
+    requests, output tokens)."""
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     if isinstance(engine, str):  # a server URL
         return _run_http(engine, prompts, params)
+    if isinstance(engine, EngineProcess):
+        return engine.call("generate", prompts, max_new_tokens)
     t0 = time.perf_counter()
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     dt = time.perf_counter() - t0
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    return tokens / dt, [o["output_ids"] for o in outs]
+    return tokens / dt, [o["output_ids"] for o in outs], _verify_ct(outs), tokens
 
 
-def _measure(engine, prompts_all, bs_list, args, modes=(None,), set_mode=None, stats=None) -> Dict:
-    """{mode: {bs: {"tok_s", "ids"}}}; modes interleaved per repeat; ``stats(mode, bs)`` -> callback."""
+def _measure(engine, prompts_all, bs_list, args, modes=(None,), set_mode=None, stats=None, prime=()) -> Dict:
+    """{mode: {bs: {"tok_s", "ids", "runs", ...}}}, the modes interleaved per repeat.
+
+    ``engine``: one engine / URL for every mode, or a dict {mode: engine / URL} (several engines
+    up side by side); ``set_mode(mode)`` is called before each run of a mode; ``stats(mode)``
+    returns that mode's D-Cut metrics snapshot (None: none), whose deltas are kept per run.
+    Before each timed run of a mode in ``prime``, an untimed 2-token request of one prompt runs on
+    its engine: the D-Cut step timer measures verify-to-verify intervals (up to 5 s), so without it
+    the first step of a run would include the time the engine sat idle while other engines ran.
+    Every repeat runs every mode back to back (order reversed on odd repeats), so a repeat's
+    ratios pair runs taken close together in time."""
     out: Dict = {m: {} for m in modes}
+
+    def eng(m):
+        return engine[m] if isinstance(engine, dict) else engine
+
     for bs in bs_list:
         prompts = prompts_all[:bs]
         for m in modes:
             if set_mode:
                 set_mode(m)
-            _run(engine, prompts, min(8, args.max_new_tokens))  # warm-up at this batch size
+            _run(eng(m), prompts, min(8, args.max_new_tokens))  # warm-up at this batch size
             out[m][bs] = {"tok_s": 0.0, "ids": None}
         for rep in range(args.repeats):
             order = list(modes) if rep % 2 == 0 else list(reversed(modes))
             for m in order:
                 if set_mode:
                     set_mode(m)
-                before = stats() if stats else None
-                tps, ids = _run(engine, prompts, args.max_new_tokens)
-                if stats:
-                    out[m][bs].setdefault("metrics", []).append(_delta(before, stats()))
+                if m in prime:
+                    _run(eng(m), prompts[:1], 2)
+                before = stats(m) if stats else None
+                tps, ids, verify_ct, tokens = _run(eng(m), prompts, args.max_new_tokens)
                 r = out[m][bs]
+                if before is not None:
+                    r.setdefault("metrics", []).append(_delta(before, stats(m)))
                 if r["ids"] is not None and r["ids"] != ids:
                     r["repeat_differs"] = True
                 r["ids"] = ids
                 r["tok_s"] = max(r["tok_s"], tps)
                 r.setdefault("runs", []).append(tps)  # per repeat, for the paired ratios
-        print(f"  bs={bs}: " + ", ".join(f"{m or 'no-spec'} {out[m][bs]['tok_s']:.1f}" for m in modes)
+                r["verify_ct"] = r.get("verify_ct", 0) + verify_ct
+                r["tokens"] = r.get("tokens", 0) + tokens
+        print(f"  bs={bs}: " + ", ".join(f"{m or NO_SPEC} {out[m][bs]['tok_s']:.1f}" for m in modes)
               + " tok/s", flush=True)
     return out
 
 
 def run_bench(args) -> dict:
     _activate_cpu_testbed()
-    from sglang_ext.engine.dcut.client import dcut_info, dcut_states, set_force_ratio
 
     args.bs_list = [int(b) for b in args.batch_sizes.split(",")]
     if not args.no_timing:
@@ -273,46 +437,157 @@ def run_bench(args) -> dict:
           f"steps {args.num_steps}, topk {args.topk}, {args.num_draft_tokens} draft tokens, "
           f"{args.max_new_tokens} new tokens, batch sizes {args.bs_list}, repeats {args.repeats}", flush=True)
     results: Dict[str, Dict[int, dict]] = {}
-
-    if not args.skip_no_spec:
-        eng = _engine(target, args)
-        try:
-            results["no-spec"] = _measure(eng, prompts, args.bs_list, args)[None]
-        finally:
-            eng.shutdown()
-
-    extra = {} if args.cache_dir is None else {"dcut_cache_dir": args.cache_dir}
+    engines: Dict[str, EngineProcess] = {}  # engine name -> its process, all up until the end
+    engine_of: Dict[str, object] = {}  # mode -> its engine
+    extra = {"dcut_cache_dir": args.cache_dir or tempfile.mkdtemp(prefix="dcut_throughput_cache_")}
     if args.cost_table:
         extra["dcut_cost_table"] = args.cost_table
     if args.profile_steps:
         extra["dcut_profile_steps"] = args.profile_steps
-    t0 = time.perf_counter()
-    eng = _engine(target, args, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                  speculative_num_steps=args.num_steps, speculative_eagle_topk=args.topk,
-                  speculative_num_draft_tokens=args.num_draft_tokens, dcut="auto", **extra)
-    startup = time.perf_counter() - t0
-    print(f"  EAGLE3 --dcut auto engine up in {startup:.1f} s", flush=True)
+    eagle = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+                 speculative_num_steps=args.num_steps, speculative_eagle_topk=args.topk,
+                 speculative_num_draft_tokens=args.num_draft_tokens)
+    adaptive = _adaptive_plan(args)
+    if adaptive["status"] != "measured":
+        print(f"  adaptive: n/a ({adaptive['reason']})", flush=True)
+    dcut_kw = dict(dcut="auto", dcut_draft_off="auto", **eagle, **extra)
+    never_kw = dict(dcut="auto", dcut_draft_off="never", **eagle, **extra)
 
-    def set_mode(m):
-        assert set_force_ratio(eng, MODE_RATIO[m]), f"server refused dcut_force_ratio for {m}"
+    def start(name, **kw):
+        engines[name] = EngineProcess(name, target, args, wait=False, **kw)
+
+    def wait(*names):
+        for n in names:
+            if n in engines:
+                engines[n].wait_ready()
 
     try:
-        info = dcut_info(eng)
-        spec = _measure(eng, prompts, args.bs_list, args, modes=MODES, set_mode=set_mode,
-                        stats=lambda: _stats_with_calibration(dcut_states(eng)[0]))
-        results.update(spec)
+        # Launch order: the engines that profile nothing first (side by side), then the D-Cut engine alone
+        # (its launch-time profile must not share the cores with other launches), then auto-never on the
+        # profiled table. With --cost-table nothing is profiled and all start together.
+        if not args.skip_no_spec:
+            start(NO_SPEC)
+        if adaptive["status"] == "measured":
+            start(ADAPTIVE, speculative_adaptive=True, speculative_adaptive_config=adaptive["config_path"], **eagle)
+        if args.cost_table:
+            start("dcut", **dcut_kw)
+            if not args.skip_never:
+                start(NEVER, **never_kw)
+        wait(NO_SPEC, ADAPTIVE)
+        t0 = time.perf_counter()
+        if "dcut" not in engines:
+            start("dcut", **dcut_kw)
+        wait("dcut")
+        startup = time.perf_counter() - t0
+        eng = engines["dcut"]
+        print(f"  EAGLE3 --dcut auto engine up in {startup:.1f} s", flush=True)
+        info = eng.client("dcut_info")
+        _say_table(info)
+        if not args.skip_never and NEVER not in engines:
+            # the same table (a file), drafting never switched off: auto's tier choice alone
+            never_kw["dcut_cost_table"] = os.path.join(extra["dcut_cache_dir"], "bench_table.json")
+            with open(never_kw["dcut_cost_table"], "w") as f:
+                json.dump(info["cost_table"], f)
+            start(NEVER, **never_kw)
+        wait(NEVER)
+        engine_of.update({m: eng for m in MODES})
+        engine_of.update({n: engines[n] for n in (NO_SPEC, NEVER, ADAPTIVE) if n in engines})
+        if ADAPTIVE in engines:
+            adaptive["server"] = {k: engines[ADAPTIVE].get_server_info().get(k) for k in
+                                  ("speculative_adaptive", "speculative_num_steps", "speculative_num_draft_tokens",
+                                   "speculative_eagle_topk")}
+            if not adaptive["server"].get("speculative_adaptive"):
+                raise SystemExit(f"SGLang turned --speculative-adaptive off for this shape: {adaptive['server']}")
+
+        def set_mode(m):
+            if m in MODE_RATIO:
+                assert eng.client("set_force_ratio", MODE_RATIO[m]), f"server refused dcut_force_ratio for {m}"
+
+        def stats(m):
+            if m not in DCUT_MODES:
+                return None
+            return _stats_with_calibration(engine_of[m].client("dcut_states")[0])
+
+        modes = [m for m in ALL_MODES if m in engine_of]
+        results.update(_measure(engine_of, prompts, args.bs_list, args, modes=modes, set_mode=set_mode, stats=stats,
+                                prime=() if args.no_timing else DCUT_MODES))
     finally:
-        eng.shutdown()
+        _shutdown_all(engines)
 
     lossless = {m: all(results[m][bs]["ids"] == results["full"][bs]["ids"] and not results[m][bs].get("repeat_differs")
-                       for bs in args.bs_list) for m in MODES}
-    dcut_stats = {m: {bs: _merge(results[m][bs].get("metrics", [])) for bs in args.bs_list} for m in MODES}
-    return {
-        "settings": {k: v for k, v in vars(args).items() if k not in ("what_if",)},
+                       for bs in args.bs_list) for m in results}
+    dcut_stats = {m: {bs: _merge(results[m][bs].get("metrics", [])) for bs in args.bs_list}
+                  for m in DCUT_MODES if m in results}
+    spec = {m: {bs: (r["tokens"] / r["verify_ct"] if r.get("verify_ct") else None) for bs, r in results[m].items()}
+            for m in results if m != NO_SPEC}
+    settings = {k: v for k, v in vars(args).items() if k not in ("what_if",)}
+    settings["cache_dir"] = extra["dcut_cache_dir"]
+    res = {
+        "settings": settings,
         "target": target, "draft": draft, "prompts": kind, "startup_s": startup,
         "cost_table": info.get("cost_table"), "cost_table_info": info.get("cost_table_info"),
         **_throughput(results), "dcut": dcut_stats, "lossless_vs_full": lossless,
+        "tokens_per_verify": spec, "adaptive": {k: v for k, v in adaptive.items() if k != "config_path"},
     }
+    res["paired_ratios"] = _paired_ratios(res["tok_s_runs"], args.bs_list, [m for m in FIXED if m in results])
+    return res
+
+
+def _say_table(info: dict) -> None:
+    """Print where the D-Cut engine's cost table came from and whether it holds draft-off costs."""
+    src = (info.get("cost_table_info") or {}).get("source")
+    table = info.get("cost_table") or {}
+    off = table.get("off_ms")
+    print(f"  cost table: {src}, schema version {table.get('version')}, draft-off costs "
+          + ("none: auto never switches drafting off" if not off else
+             ", ".join(f"bs {b}: {o:.1f} ms" for b, o in zip(table.get("batch_sizes", []), off))), flush=True)
+    if src != "profiled" or not off:
+        print("  WARNING: the draft-off comparison needs a cost table profiled at launch with draft-off costs "
+              "(drop --cost-table / --cache-dir for a fresh profile)", flush=True)
+
+
+def _adaptive_plan(args) -> dict:
+    """Whether SGLang's ``--speculative-adaptive`` runs this shape, and with which config.
+
+    SGLang's adaptive mode supports only ``topk == 1`` (chains) and requires the launch
+    ``--speculative-num-steps`` to be a candidate of its config; by default the config is
+    SGLang's ``DEFAULT_ADAPTIVE_CONFIG`` with ``--num-steps`` added to its batch-size-1 slot.
+    Returns ``{"status": "measured" | "n/a", "reason", "config", "config_path"}``."""
+    if args.skip_adaptive:
+        return {"status": "n/a", "reason": "--skip-adaptive"}
+    if args.topk != 1:
+        return {"status": "n/a", "reason": ADAPTIVE_TOPK_REASON.format(topk=args.topk)}
+    if args.adaptive_config:
+        with open(args.adaptive_config) as f:
+            cfg = json.load(f)
+        path = args.adaptive_config
+    else:
+        from sglang.srt.speculative.adaptive_spec_params import DEFAULT_ADAPTIVE_CONFIG
+
+        cfg = json.loads(json.dumps(DEFAULT_ADAPTIVE_CONFIG))
+        slot = cfg[min(cfg, key=int)]
+        slot["candidate_steps"] = sorted(set(slot["candidate_steps"]) | {args.num_steps})
+        fd, path = tempfile.mkstemp(prefix="adaptive_", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(cfg, f)
+    steps = sorted({s for k, e in cfg.items() if k.isdigit() for s in e["candidate_steps"]})
+    if args.num_steps not in steps:
+        raise SystemExit(f"--adaptive-config: --num-steps {args.num_steps} is not among its candidate_steps {steps} "
+                         "(SGLang requires it)")
+    if args.num_draft_tokens != args.num_steps + 1:
+        return {"status": "n/a", "reason": f"SGLang's --speculative-adaptive sets num_draft_tokens = num_steps + 1 "
+                                           f"(a chain); this shape has {args.num_draft_tokens} draft tokens for "
+                                           f"{args.num_steps} steps"}
+    return {"status": "measured", "reason": None, "config": cfg, "config_path": path}
+
+
+def _shutdown_all(engines: Dict[str, "EngineProcess"]) -> None:
+    """Shut every engine down (each in its own process, so one shutdown leaves the others alone)."""
+    for name, e in reversed(list(engines.items())):
+        try:
+            e.shutdown()
+        except Exception as exc:
+            print(f"  ({name} engine shutdown: {type(exc).__name__}: {exc})", flush=True)
 
 
 def _url_prompts(n: int, args) -> List[str]:
@@ -355,7 +630,7 @@ def run_url(args) -> dict:
         if not set_force_ratio(url, MODE_RATIO[m]):
             raise SystemExit(f"{url} refused /set_internal_state dcut_force_ratio={MODE_RATIO[m]} ({m})")
 
-    def stats():
+    def stats(m=None):
         st = dcut_states(url)
         return _stats_with_calibration(st[0]) if st and "metrics" in st[0] else None
 
@@ -371,7 +646,8 @@ def run_url(args) -> dict:
                   if has_stats else {})
     return {"settings": {k: v for k, v in vars(args).items() if k != "what_if"}, "url": url,
             "cost_table": dcut.get("cost_table"), "cost_table_info": dcut.get("cost_table_info"),
-            **_throughput(results), "dcut": dcut_stats, "lossless_vs_full": lossless}
+            **_throughput(results), "dcut": dcut_stats, "lossless_vs_full": lossless,
+            "paired_ratios": _paired_ratios(_throughput(results)["tok_s_runs"], args.bs_list, list(FIXED))}
 
 
 def _stats_with_calibration(state: dict) -> dict:
@@ -384,6 +660,7 @@ def _delta(before: dict, after: dict) -> dict:
     """D-Cut metrics of one run: ``after - before`` of two ``dcut_states(...)["metrics"]`` snapshots."""
     d = {k: after[k] - before[k] for k in ("steps", "pruned_steps", "verified_tokens", "full_tokens",
                                           "accepted_tokens")}
+    d["draft_off_steps"] = after.get("draft_off_steps", 0) - before.get("draft_off_steps", 0)
     hist = {k: v - before["tier_histogram"].get(k, 0) for k, v in after["tier_histogram"].items()}
     d["tier_histogram"] = {k: v for k, v in hist.items() if v}
     if after.get("calibration_tau") is not None:  # summed over runs; _merge divides by "runs"
@@ -447,33 +724,30 @@ PARTS = ("draft", "plan", "target_forward", "verify_rest", "draft_extend", "othe
 def report(res: dict, out_png: str = None) -> None:
     tok = res["tok_s"]
     bs_list = sorted({int(b) for m in tok.values() for b in m})
-    modes = [m for m in ("no-spec", "server") + MODES if m in tok]
+    modes = [m for m in ALL_MODES if m in tok]
+    adaptive = res.get("adaptive") or {}
     print("\noutput tokens/s (higher is better)")
-    print("mode      " + "".join(f"{'bs=' + str(b):>10}" for b in bs_list))
+    print("mode        " + "".join(f"{'bs=' + str(b):>10}" for b in bs_list))
     for m in modes:
-        print(f"{m:<10}" + "".join(f"{tok[m][_k(tok[m], b)]:>10.1f}" for b in bs_list))
-    fixed = [m for m in ("r0.25", "r0.5", "r0.75") if m in tok]
+        print(f"{m:<12}" + "".join(f"{tok[m][_k(tok[m], b)]:>10.1f}" for b in bs_list))
+    if adaptive.get("status") == "n/a":
+        print(f"{ADAPTIVE:<12}" + "".join(f"{'n/a':>10}" for _ in bs_list) + f"   ({adaptive.get('reason')})")
+    fixed = [m for m in FIXED if m in tok]
     if not ("auto" in tok and "full" in tok and fixed):  # a server without D-Cut (--url)
         if out_png:
             _plot(res, bs_list, modes, out_png)
             print(f"plot: {out_png}")
         return
-    print("\nratios")
-    rows = [("auto/full", lambda b: tok["auto"][_k(tok["auto"], b)] / tok["full"][_k(tok["full"], b)]),
-            ("auto/best", lambda b: tok["auto"][_k(tok["auto"], b)] / max(tok[m][_k(tok[m], b)] for m in fixed)),
-            ("best/full", lambda b: max(tok[m][_k(tok[m], b)] for m in fixed) / tok["full"][_k(tok["full"], b)])]
-    if "no-spec" in tok:
-        rows.append(("auto/nospec", lambda b: tok["auto"][_k(tok["auto"], b)] / tok["no-spec"][_k(tok["no-spec"], b)]))
-        rows.append(("full/nospec", lambda b: tok["full"][_k(tok["full"], b)] / tok["no-spec"][_k(tok["no-spec"], b)]))
-    for name, fn in rows:
-        print(f"{name:<12}" + "".join(f"{fn(b):>10.2f}" for b in bs_list))
+    rows = ratio_rows(list(tok), adaptive_na=adaptive.get("status") == "n/a")
+    best_of = {b: {m: tok[m][_k(tok[m], b)] for m in tok} for b in bs_list}
+    print("\nratios of the best-of-repeats tok/s (peak = max(no-spec, full, each fixed tier); best = the fastest "
+          "fixed tier below full; never = auto with --dcut-draft-off never)")
+    _print_ratio_rows(rows, {b: ratios_of(best_of[b], fixed) for b in bs_list}, bs_list)
     paired = _paired_ratios(res.get("tok_s_runs") or {}, bs_list, fixed)
     if paired:
         print("\npaired ratios (median over repeats of one repeat's ratio; a repeat runs every mode back to back,"
               " so slow drifts of a shared host cancel)")
-        for name in ("auto/full", "auto/best", "best/full"):
-            print(f"{name:<12}" + "".join(f"{paired[b][name]:>10.2f}" if b in paired else f"{'-':>10}"
-                                         for b in bs_list))
+        _print_ratio_rows(rows, paired, bs_list)
     st = res.get("dcut") or {}
     eff = _step_efficiency(st, bs_list)
     if eff:
@@ -510,24 +784,62 @@ def _throughput(results: Dict) -> dict:
             "tok_s_runs": {m: {bs: r.get("runs", []) for bs, r in res.items()} for m, res in results.items()}}
 
 
+#: (row name, numerator, denominator) of the printed ratios; "best" = the fastest fixed tier below
+#: full verification, "peak" = the fastest of no-spec, full and every fixed tier (all that auto chooses from)
+RATIOS = (("auto/full", "auto", "full"), ("auto/best", "auto", "best"), ("best/full", "best", "full"),
+          (f"auto/{NO_SPEC.replace('-', '')}", "auto", NO_SPEC), (f"full/{NO_SPEC.replace('-', '')}", "full", NO_SPEC),
+          ("auto/peak", "auto", "peak"), ("auto/never", "auto", NEVER), ("never/peak", NEVER, "peak"),
+          ("auto/adaptive", "auto", ADAPTIVE), ("adaptive/peak", ADAPTIVE, "peak"))
+
+
+def ratios_of(tps: Dict[str, float], fixed: List[str]) -> Dict[str, float]:
+    """Every ratio of :data:`RATIOS` computable from one set of tok/s per mode (one repeat, or the
+    best of the repeats); ``fixed`` are the fixed tiers below full.
+
+    >>> r = ratios_of({"no-spec": 100.0, "full": 80.0, "r0.5": 110.0, "auto": 99.0, "auto-never": 90.0}, ["r0.5"])
+    >>> {k: round(v, 3) for k, v in r.items()}
+    {'auto/full': 1.238, 'auto/best': 0.9, 'best/full': 1.375, 'auto/nospec': 0.99, 'full/nospec': 0.8, 'auto/peak': 0.9, 'auto/never': 1.1, 'never/peak': 0.818}
+    """
+    v = dict(tps)
+    if fixed and all(v.get(m) for m in fixed):
+        v["best"] = max(v[m] for m in fixed)
+    peak = [v[m] for m in (NO_SPEC, "full", *fixed) if v.get(m)]
+    if "full" in v and fixed:
+        v["peak"] = max(peak)
+    return {name: v[a] / v[b] for name, a, b in RATIOS if v.get(a) and v.get(b)}
+
+
+def ratio_rows(modes: List[str], adaptive_na: bool = False) -> List[str]:
+    """The ratio rows printed for a result holding ``modes`` (rows naming an absent mode are left
+    out; the adaptive rows stay, printed n/a, when the shape is not supported by SGLang)."""
+    have = set(modes) | {"best", "peak"} | ({ADAPTIVE} if adaptive_na else set())
+    return [name for name, a, b in RATIOS if a in have and b in have]
+
+
+def _print_ratio_rows(rows: List[str], ratios: Dict[int, Dict[str, float]], bs_list: List[int]) -> None:
+    for name in rows:
+        print(f"{name:<14}" + "".join(f"{ratios[b][name]:>10.2f}" if name in ratios.get(b, {}) else f"{'n/a':>10}"
+                                      for b in bs_list))
+
+
 def _paired_ratios(runs: dict, bs_list: List[int], fixed: List[str]) -> dict:
-    """{bs: {"auto/full", "auto/best", "best/full"}}: medians over repeats of the per-repeat ratios.
+    """{bs: {ratio name: median over repeats of the ratio within one repeat}} for every ratio of
+    :data:`RATIOS` the recorded modes allow (repeat ``i`` of every mode ran back to back).
 
     >>> r = {"full": {"64": [100.0, 80.0, 90.0]}, "auto": {"64": [130.0, 100.0, 120.0]},
     ...      "r0.5": {"64": [125.0, 104.0, 110.0]}}
     >>> {k: round(v, 3) for k, v in _paired_ratios(r, [64], ["r0.5"])[64].items()}
-    {'auto/full': 1.3, 'auto/best': 1.04, 'best/full': 1.25}
+    {'auto/full': 1.3, 'auto/best': 1.04, 'best/full': 1.25, 'auto/peak': 1.04}
     """
     out = {}
     for b in bs_list:
-        per = {m: (runs.get(m) or {}).get(_k(runs.get(m) or {}, b)) or [] for m in ["auto", "full"] + list(fixed)}
-        n = min(len(v) for v in per.values()) if per else 0
-        if n == 0:
+        per = {m: (runs.get(m) or {}).get(_k(runs.get(m) or {}, b)) or [] for m in runs}
+        per = {m: v for m, v in per.items() if v}
+        if "auto" not in per or "full" not in per:
             continue
-        best = [max(per[m][i] for m in fixed) for i in range(n)]
-        out[b] = {"auto/full": statistics.median(per["auto"][i] / per["full"][i] for i in range(n)),
-                  "auto/best": statistics.median(per["auto"][i] / best[i] for i in range(n)),
-                  "best/full": statistics.median(best[i] / per["full"][i] for i in range(n))}
+        n = min(len(v) for v in per.values())
+        each = [ratios_of({m: v[i] for m, v in per.items()}, [m for m in fixed if m in per]) for i in range(n)]
+        out[b] = {name: statistics.median(e[name] for e in each) for name in each[0]}
     return out
 
 
@@ -536,7 +848,7 @@ def _step_efficiency(st: dict, bs_list: List[int]) -> dict:
     out = {}
     for b in bs_list:
         row = {}
-        for m in MODES:
+        for m in DCUT_MODES:
             r = (st.get(m) or {}).get(_k(st.get(m) or {}, b)) or {}
             if isinstance(r, dict) and r.get("ms_total") and r.get("timed_steps", 0) >= 0.9 * r.get("steps", 0):
                 row[m] = r["accepted_tokens"] / (r["ms_total"] * r["steps"] / r["timed_steps"])
@@ -549,14 +861,20 @@ def _report_steps(st: dict, bs_list: List[int]) -> None:
     def g(m, b):
         return st.get(m, {}).get(_k(st.get(m, {}), b)) or {}
 
-    print("\nauto per batch size: keep ratio, tier histogram (steps), survival calibration exponent tau "
-          "(mean at the end of the auto runs; 1 = raw draft confidences)")
-    for b in bs_list:
-        a = g("auto", b)
-        kr = a.get("keep_ratio")
-        tau = a.get("calibration_tau")
-        print(f"  bs={b:>3}: keep {kr if kr is None else round(kr, 3)}  tiers {a.get('tier_histogram')}"
-              + ("" if tau is None else f"  tau {tau:.2f}"))
+    print("\nauto per batch size: keep ratio, tier histogram (steps; draft_off = steps without drafting), "
+          "survival calibration exponent tau (mean at the end of the auto runs; 1 = raw draft confidences)")
+    for m in ("auto", NEVER):
+        if not st.get(m):
+            continue
+        for b in bs_list:
+            a = g(m, b)
+            kr = a.get("keep_ratio")
+            tau = a.get("calibration_tau")
+            off = a.get("draft_off_steps")
+            label = "" if m == "auto" else f" {NEVER}"
+            print(f"  bs={b:>3}{label}: keep {kr if kr is None else round(kr, 3)}  tiers {a.get('tier_histogram')}"
+                  + ("" if tau is None else f"  tau {tau:.2f}")
+                  + (f"  draft-off share {off / a['steps']:.2f}" if off is not None and a.get("steps") else ""))
     full = [g("full", b) for b in bs_list]
     if any(f.get("accept_survival") for f in full):
         print("\nacceptance along the chain (full verify): mean accept length (bonus incl.) and P(len >= k)")
@@ -570,16 +888,16 @@ def _report_steps(st: dict, bs_list: List[int]) -> None:
                 if pr:  # pr[k - 2] predicts P(len >= k)
                     print(f"        predicted by the draft's confidences: mean {1 + sum(pr):.2f}  "
                           + "  ".join(f"P(>={k}) {pr[k - 2]:.2f}" for k in picks if 0 <= k - 2 < len(pr)))
-    if any(g(m, b).get("ms_per_step") for m in MODES for b in bs_list):
+    if any(g(m, b).get("ms_per_step") for m in DCUT_MODES for b in bs_list):
         print("\nper-step time split, ms per decode step (SGLANG_EXT_DCUT_TIMING); tok/step = accepted per step")
-        print(f"  {'bs':>3} {'mode':<6}" + "".join(f"{p:>15}" for p in PARTS) + f"{'step':>9}{'tok/step':>10}")
+        print(f"  {'bs':>3} {'mode':<10}" + "".join(f"{p:>15}" for p in PARTS) + f"{'step':>9}{'tok/step':>10}")
         for b in bs_list:
-            for m in MODES:
+            for m in DCUT_MODES:
                 r = g(m, b)
                 if not r.get("ms_per_step"):
                     continue
                 tps = r["accepted_tokens"] / r["steps"] if r.get("steps") else float("nan")
-                print(f"  {b:>3} {m:<6}" + "".join(f"{r['ms_per_step'][p]:>15.2f}" for p in PARTS)
+                print(f"  {b:>3} {m:<10}" + "".join(f"{r['ms_per_step'][p]:>15.2f}" for p in PARTS)
                       + f"{r['step_ms']:>9.1f}{tps:>10.1f}")
 
 
@@ -599,13 +917,13 @@ def _plot(res, bs_list, modes, path):
     tok = res["tok_s"]
     st = res.get("dcut") or {}
     big = bs_list[-1]
-    split = {m: (st.get(m, {}).get(_k(st.get(m, {}), big)) or {}) for m in MODES} if st else {}
+    split = {m: (st.get(m, {}).get(_k(st.get(m, {}), big)) or {}) for m in DCUT_MODES} if st else {}
     split = {m: r for m, r in split.items() if isinstance(r, dict) and r.get("ms_per_step")}
     fig, axes = plt.subplots(1, 2 if split else 1, figsize=(12 if split else 7, 4.5), squeeze=False)
     ax = axes[0][0]
     for m in modes:
         ax.plot(bs_list, [tok[m][_k(tok[m], b)] for b in bs_list], marker="o", label=m,
-                linewidth=2.5 if m == "auto" else 1.2)
+                linewidth=2.5 if m == "auto" else 1.2, linestyle="--" if m in (NO_SPEC, ADAPTIVE) else "-")
     ax.set_xscale("log", base=2)
     ax.set_xticks(bs_list, [str(b) for b in bs_list])
     ax.set_xlabel("batch size")
@@ -679,8 +997,13 @@ def what_if_table(res: dict, table_path: str) -> dict:
     tier). A mean curve replayed for every request ignores the per-request spread the live
     planner exploits, so it is a planning aid, not a measurement.
 
+    With draft-off costs (schema version 2) the draft-off step is listed too: ``bs`` committed
+    tokens at ``off_ms``, its speed-up over full verification (the tier choice shown is the
+    drafted one; the live draft-off choice also has a dwell and probe steps).
+
     Returns ``{bs: {curve: {"tier", "keep_ratio", "expected", "costs", "speedup",
-    "auto_speedup", "profiled_bs"}}}`` (``None`` per bs when the table has no row >= bs).
+    "auto_speedup", "profiled_bs"[, "draft_off_speedup"]}}}``; a batch size beyond the table uses
+    its largest row (as the server does).
 
     Examples
     --------
@@ -716,12 +1039,16 @@ def what_if_table(res: dict, table_path: str) -> dict:
         if table.key.draft_tokens != n:
             print(f"  bs={bs:>3}: note: table profiled for N={table.key.draft_tokens}, the result has N={n}")
         row = table.lookup(bs)
-        if row is None:
+        if row is None:  # tables of the former contract
             print(f"  bs={bs:>3}: no table row >= {bs} (largest {table.batch_sizes[-1]}); "
                   f"the server would use the fallback ratio")
             out[bs] = None
             continue
         profiled_bs, costs = row
+        if profiled_bs < bs:
+            print(f"  bs={bs:>3}: no table row >= {bs} (largest {profiled_bs}); the server uses the costs of "
+                  f"batch size {profiled_bs}")
+        off = table.lookup_off(bs)
         keeps = tier_keep_counts(bs, n, tiers)
         out[bs] = {}
         for name, curve in curves.items():
@@ -734,6 +1061,8 @@ def what_if_table(res: dict, table_path: str) -> dict:
             out[bs][name] = {"tier": tiers[plan.tier_index], "keep_ratio": plan.verify_width / (bs * n),
                              "expected": expected, "costs": list(costs), "speedup": speedup,
                              "auto_speedup": speedup[plan.tier_index], "profiled_bs": profiled_bs}
+            if off is not None:  # a draft-off step commits bs tokens at off_ms
+                out[bs][name]["draft_off_speedup"] = (bs / off[1]) / eff[-1]
         for name, label in (("predicted", "draft's predicted survival"), ("measured", "measured acceptance")):
             if name not in out[bs]:
                 continue
@@ -744,6 +1073,8 @@ def what_if_table(res: dict, table_path: str) -> dict:
             for q, t in enumerate(tiers):
                 print(f"      {t:>6g}{(bs + keeps[q]) / (bs * n):>8.3f}{r['expected'][q]:>13.2f}"
                       f"{r['costs'][q]:>10.2f}{r['speedup'][q]:>9.2f}x")
+            if "draft_off_speedup" in r:
+                print(f"      {'off':>6}{'-':>8}{float(bs):>13.2f}{off[1]:>10.2f}{r['draft_off_speedup']:>9.2f}x")
     return out
 
 

@@ -5,7 +5,9 @@ the 15-step chain, N = 16 draft tokens, batch sizes 1..64) against small hand-wr
 checks the printed tier choice, keep ratio and speed-ups against values computed here from the recorded
 survival curves (top-K sums of ``bs`` copies of the curve, utilities ``(bs + S) / C``, argmax). Also: a
 flat table keeps full verification, a table without a row for the largest batch size reports the
-fallback, the ``profile_cost.py --json`` wrapper is accepted, and the old ``--what-if-verify-scale`` replay still runs.
+largest row (as the server does), the ``profile_cost.py --json`` wrapper is accepted, a version-2 table's
+draft-off cost is replayed (speed-up ``(bs / off_ms) / (E_full / C_full)``), and the old
+``--what-if-verify-scale`` replay still runs.
 
 Budget: < 20 s CI (each call imports torch and replays 5 batch sizes).
 """
@@ -34,13 +36,15 @@ def _bench():
     return bench_script.load("dcut_throughput")
 
 
-def _table(path, step_ms, batch_sizes=BS, wrap=False):
-    t = {"version": 1,
+def _table(path, step_ms, batch_sizes=BS, wrap=False, off_ms=None):
+    t = {"version": 1 if off_ms is None else 2,
          "key": {"model": "m", "draft": "d", "device": "hypothetical-gpu", "tp": 1, "dtype": "bfloat16",
                  "draft_tokens": N, "topk": 1, "num_steps": 15, "attention_backend": "x", "context_len": 4096,
                  "sglang_version": "0.5.23", "sglang_ext_version": "0.1.0"},
          "tiers": TIERS, "batch_sizes": list(batch_sizes), "step_ms": step_ms,
          "created": "2026-01-01T00:00:00+00:00"}
+    if off_ms is not None:
+        t["off_ms"] = list(off_ms)
     with open(path, "w") as f:
         json.dump({"cost_table": t, "cost_table_info": {"source": "profiled"}} if wrap else t, f)
     return str(path)
@@ -110,8 +114,10 @@ def test_flat_table_keeps_full_verification(tmp_path, capsys):
 def test_missing_row_reports_fallback_and_wrapped_table_is_read(tmp_path, capsys):
     path = _table(tmp_path / "wrapped.json", STEEP[:3], batch_sizes=[1, 4, 16], wrap=True)
     out = _run(["--what-if", RESULT, "--what-if-table", path], capsys)
-    assert "bs= 32: no table row >= 32 (largest 16)" in out
-    assert "bs= 64: no table row >= 64 (largest 16)" in out
+    # beyond the table the server uses the largest row (sglang_ext.dcut.CostTable.lookup)
+    assert "bs= 32: no table row >= 32 (largest 16); the server uses the costs of batch size 16" in out
+    assert "bs= 64: no table row >= 64 (largest 16); the server uses the costs of batch size 16" in out
+    assert "bs= 64 (table row bs=16), draft's predicted survival: auto -> tier" in out
     assert "bs= 16 (table row bs=16), draft's predicted survival: auto -> tier" in out
 
 
@@ -119,3 +125,18 @@ def test_verify_scale_replay_still_runs(capsys):
     out = _run(["--what-if", RESULT, "--what-if-verify-scale", "3"], capsys)
     assert "what-if: tier costs with the (cost - cost at tier 0.25) part scaled by 3.0" in out
     assert "what-if against" not in out
+
+
+def test_version2_table_replays_the_draft_off_step(tmp_path, capsys):
+    off = [3.0, 3.0, 3.0, 4.0, 5.0]  # ms of a draft-off step per batch size
+    path = _table(tmp_path / "v2.json", STEEP, off_ms=off)
+    out = _run(["--what-if", RESULT, "--what-if-table", path], capsys)
+    rec = _recorded()
+    for i, bs in enumerate(BS):
+        q, e, _ = _expected(rec[bs]["measured"], bs, STEEP[i])
+        full_rate = e[-1] / STEEP[i][-1]
+        sp = (bs / off[i]) / full_rate  # bs committed tokens per draft-off step, against full verification
+        assert re.search(rf"^\s+off\s+-\s+{float(bs):.2f}\s+{off[i]:.2f}\s+{sp:.2f}x$", out, re.M), (bs, sp)
+    res = _bench().what_if_table(json.load(open(RESULT)), path)
+    _, e, _ = _expected(rec[64]["predicted"], 64, STEEP[-1])
+    assert res[64]["predicted"]["draft_off_speedup"] == pytest.approx((64 / off[-1]) / (e[-1] / STEEP[-1][-1]))
