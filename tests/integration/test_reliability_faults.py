@@ -89,10 +89,13 @@ def cache_setup(monkeypatch, single_rank):
 
 
 def _cache_file(cache_dir):
-    """The cache file of the ``cache_setup`` server (key, tiers and batch sizes hashed)."""
+    """The cache file of the ``cache_setup`` server (key, tiers, batch sizes and, as ``--dcut auto`` times the
+    draft-off step by default, the draft-off column hashed)."""
+    from sglang_ext.config import DCutConfig
     from sglang_ext.engine.dcut import profiler
 
-    return profiler.cache_path(_key(), TIERS, (1, 4), str(cache_dir))
+    assert DCutConfig(mode="auto").may_draft_off
+    return profiler.cache_path(_key(), TIERS, (1, 4), str(cache_dir), draft_off=True)
 
 
 def _launch(cfg, caplog):
@@ -127,7 +130,7 @@ BAD_TABLE_FILES = [
     ("truncated", '{"version": 1, "key": {"model": ', "not valid JSON"),
     ("empty", "", "not valid JSON"),
     ("not-an-object", "[1, 2, 3]", "expected a JSON object"),
-    ("future-version", json.dumps(_table_dict(version=2)), "unsupported version 2"),
+    ("future-version", json.dumps(_table_dict(version=3)), "unsupported version 3"),
     ("missing-fields", json.dumps({"version": 1, "key": _key().to_dict()}), "missing field(s)"),
     ("nan-cost", json.dumps(_NAN_COST), "finite positive"),
     ("negative-cost", json.dumps(_table_dict(step_ms=[[4.0, -5.0, 6.0, 7.0], [5.0, 6.5, 8.0, 9.5]])),
