@@ -46,11 +46,29 @@ only the request backend differs (:class:`EngineBackend` / :class:`HttpBackend`)
 ``/server_info`` has no SpecExit section ends the run with exit code 2. ``reference`` is then the
 server's own SpecExit settings; the prompts' tokenizer is ``--target`` or the server's ``tokenizer_path``.
 
+Fixed-budget peers (``--budgets``, default 16,32,48,64,96,128 tokens; ``''`` = none): after the
+variants (and the sweep), every problem at every budget, all in flight together (accuracy and tokens
+only), with SpecExit's max-think guard as a plain budget: the signal exit off (method ``confidence``,
+threshold 1.0) and ``specexit_max_think_tokens = B`` with ``specexit_max_think_grace = 0`` sent per
+request, so thinking stops at exactly ``B`` tokens unless it ends before. SGLang's own
+``max_thinking_tokens`` request field (``--sglang-budgets``, default the same budgets) needs
+``--enable-strict-thinking`` (else SGLang refuses the request), which makes every request carry the
+XGrammar reasoner grammar; SGLang's XGrammar backend applies its token bitmask on cuda/xpu/musa/npu
+only, so on the CPU testbed it is printed ``n/a`` with that reason (a tiny run dies in
+``XGrammarGrammar.apply_vocab_mask`` with "Unsupported device: cpu"); with CUDA it runs on a second
+engine launched with ``--enable-strict-thinking --reasoning-parser qwen3-thinking``, and with
+``--url`` it is sent to the server as is (a refusal is recorded as ``n/a``). Printed: the curves,
+accuracy against mean output tokens (the budgets, then the baseline as the no-budget end; SpecExit's
+reference and tuned points), each budget's largest think span and share within the budget, and per
+SpecExit point the budget curve's accuracy at the same mean tokens (linear between its points) and
+the best budget point spending no more tokens; plotted in ``<png>_curves.png``.
+
 ``--replot JSON`` prints the tables of a saved ``--out`` file and redraws its plots (no engine).
 
 Budget: about 5 min for 200 problems x 3 variants x 2 repeats plus ``--sweep 50`` on 2 shared CPU
 cores (testbed models; measured 4.5 min at load average 5-7), most of it the engine launch and the
-six passes.
+six passes; the six default budgets add about 1.5 min at 200 problems (20 problems, one repeat, the
+budgets included: 52 s measured at load average 5).
 """
 
 from __future__ import annotations
@@ -82,6 +100,44 @@ WARMUP_TOKENS = 64
 FLUSH_TIMEOUT_S = 60.0
 #: ``custom_params`` that switch SpecExit off for one request.
 OFF = {"specexit_enable": False}
+#: Default thinking budgets (tokens) of the fixed-budget peers; the testbed's think spans are ~150
+#: tokens with the answer paragraph at ~30.
+DEFAULT_BUDGETS = "16,32,48,64,96,128"
+#: Names of the fixed-budget peers: the project's max-think guard as a plain budget, SGLang's
+#: ``max_thinking_tokens`` request field.
+BUDGET_KINDS = ("budget", "sglang_budget")
+
+
+def budget_custom_params(budget: int) -> Dict[str, object]:
+    """``custom_params`` of a plain thinking budget through SpecExit's max-think guard: the signal
+    exit disabled (method ``confidence`` with threshold 1.0: an exit needs confidence > 1, never
+    true) and ``specexit_max_think_tokens = budget`` with no grace, so thinking is cut exactly at
+    ``budget`` tokens (the guard's forced exit) unless it ends before.
+
+    Examples
+    --------
+    >>> budget_custom_params(64)["specexit_max_think_tokens"], budget_custom_params(64)["specexit_max_think_grace"]
+    (64, 0)
+    """
+    return {"specexit_method": "confidence", "specexit_confidence_threshold": 1.0,
+            "specexit_max_think_tokens": int(budget), "specexit_max_think_grace": 0}
+
+
+def parse_budgets(text: str) -> List[int]:
+    """``"16,32"`` -> ``[16, 32]`` (empty: no budget peers); raises SystemExit naming ``--budgets``.
+
+    Examples
+    --------
+    >>> parse_budgets("32, 16"), parse_budgets("")
+    ([16, 32], [])
+    """
+    try:
+        out = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise SystemExit(f"--budgets: expected comma-separated integers, got {text!r}") from None
+    if any(b < 1 for b in out):
+        raise SystemExit(f"--budgets: every budget must be >= 1, got {out}")
+    return out
 
 
 @dataclass
@@ -174,6 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--sweep", type=int, default=0, metavar="N",
                     help="also run all 7 methods x 4 smoothers on the first N problems (0: no sweep)")
+    ap.add_argument("--budgets", default=DEFAULT_BUDGETS, metavar="B1,B2,...",
+                    help="fixed thinking budgets (tokens) of the budget peers: SpecExit's max-think guard as a plain "
+                         "budget (signal exit off, no grace), all problems of every budget in flight together "
+                         "('' = none)")
+    ap.add_argument("--sglang-budgets", default=None, metavar="B1,B2,...",
+                    help="also SGLang's own max_thinking_tokens request field at these budgets (default: --budgets; "
+                         "'' = none). It needs --enable-strict-thinking and a reasoning parser, so these requests go "
+                         "to a second engine launched with them (with --url: to the server as is)")
     ap.add_argument("--out", default=DEFAULT_OUT, help="JSON file with the summary and every outcome")
     ap.add_argument("--png", default=DEFAULT_PNG, help="plot file (the sweep's plot is <png>_sweep.png)")
     ap.add_argument("--replot", default=None, metavar="JSON",
@@ -229,8 +293,18 @@ class EngineBackend:
         #: The engine's own event loop (its tokenizer manager runs there).
         self.loop = getattr(engine, "loop", None) or asyncio.get_event_loop()
 
-    async def generate(self, input_ids: List[int], sampling: Mapping[str, object]) -> dict:
-        return await self.engine.async_generate(input_ids=input_ids, sampling_params=dict(sampling))
+    async def generate(self, input_ids: List[int], sampling: Mapping[str, object],
+                       extra: Optional[Mapping[str, object]] = None) -> dict:
+        """One request; ``extra``: top-level ``GenerateReqInput`` fields (e.g. ``max_thinking_tokens``)."""
+        if not extra:
+            return await self.engine.async_generate(input_ids=input_ids, sampling_params=dict(sampling))
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        obj = GenerateReqInput(input_ids=list(input_ids), sampling_params=dict(sampling), **dict(extra))
+        out = None
+        async for out in self.engine.tokenizer_manager.generate_request(obj, None):
+            pass
+        return out
 
     def flush(self, loop) -> Tuple[bool, str]:
         """Empty the prefix cache once the scheduler is idle (SGLang defers the flush up to the timeout)."""
@@ -255,12 +329,13 @@ class HttpBackend:
         self._session = None
         self.loop = asyncio.new_event_loop()
 
-    async def generate(self, input_ids: List[int], sampling: Mapping[str, object]) -> dict:
+    async def generate(self, input_ids: List[int], sampling: Mapping[str, object],
+                       extra: Optional[Mapping[str, object]] = None) -> dict:
         import aiohttp
 
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
-        body = {"input_ids": list(input_ids), "sampling_params": dict(sampling)}
+        body = {"input_ids": list(input_ids), "sampling_params": dict(sampling), **dict(extra or {})}
         async with self._session.post(self.url + "/generate", json=body) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"{self.url}/generate: HTTP {resp.status}: {(await resp.text())[:500]}")
@@ -304,21 +379,24 @@ def specexit_state(info: Mapping[str, object]) -> Optional[dict]:
 
 
 async def _run_requests(backend, tok, problems, prompts, params: Sequence[Optional[Mapping[str, object]]],
-                        max_new_tokens, concurrency) -> List[Outcome]:
-    """Every problem with its own ``custom_params`` (``None``: the server's settings), all in flight."""
+                        max_new_tokens, concurrency,
+                        extras: Optional[Sequence[Optional[Mapping[str, object]]]] = None) -> List[Outcome]:
+    """Every problem with its own ``custom_params`` (``None``: the server's settings), all in flight;
+    ``extras``: per request, top-level request fields (SGLang's ``max_thinking_tokens``)."""
     sem = asyncio.Semaphore(concurrency)
 
-    async def one(problem, ids, custom):
+    async def one(problem, ids, custom, extra):
         sampling = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
         if custom:
             sampling["custom_params"] = dict(custom)
         async with sem:
             t0 = time.perf_counter()
-            out = await backend.generate(ids, sampling)
+            out = await (backend.generate(ids, sampling, extra) if extra else backend.generate(ids, sampling))
             dt = time.perf_counter() - t0
         return score_output(problem, out, dt, tok)
 
-    return list(await asyncio.gather(*(one(p, ids, c) for p, ids, c in zip(problems, prompts, params))))
+    extras = list(extras) if extras is not None else [None] * len(problems)
+    return list(await asyncio.gather(*(one(p, ids, c, e) for p, ids, c, e in zip(problems, prompts, params, extras))))
 
 
 def before_answer_rate(outcomes: Sequence[Outcome], baseline: Optional[Sequence[Outcome]]) -> Optional[float]:
@@ -571,6 +649,196 @@ def _run_sweep(loop, backend, tok, problems, prompts, max_new_tokens, concurrenc
     return sweep, outcomes
 
 
+#: Why SGLang's ``max_thinking_tokens`` cannot run on the CPU testbed (checked in SGLang 0.5.23's source
+#: and with a tiny run): the field needs ``--enable-strict-thinking``, which gives every request the
+#: reasoner grammar of the XGrammar backend, whose token-bitmask apply supports cuda/xpu/musa/npu only.
+SGLANG_BUDGET_CPU_REASON = ("SGLang's max_thinking_tokens needs --enable-strict-thinking (else the request is refused), "
+                            "which applies the XGrammar token bitmask to every request; SGLang's XGrammar backend "
+                            "applies it on cuda/xpu/musa/npu only (RuntimeError 'Unsupported device: cpu' in "
+                            "XGrammarGrammar.apply_vocab_mask, the scheduler dies), so it cannot run on the CPU testbed")
+
+
+def _run_budgets(loop, backend, tok, problems, prompts, budgets: Sequence[int], kind: str, max_new_tokens,
+                 concurrency) -> Tuple[List[dict], Dict[str, List[Outcome]]]:
+    """Every problem at every budget, all in flight together (accuracy and tokens only: the
+    latencies of a mixed batch are not comparable). ``kind`` ``budget``: SpecExit's max-think guard
+    as a plain budget (:func:`budget_custom_params`); ``sglang_budget``: SGLang's
+    ``max_thinking_tokens`` request field, SpecExit off for the request."""
+    n = len(problems)
+    params: List[Optional[dict]] = []
+    extras: List[Optional[dict]] = []
+    for b in budgets:
+        if kind == "budget":
+            params += [budget_custom_params(b)] * n
+            extras += [None] * n
+        else:
+            params += [OFF] * n
+            extras += [{"max_thinking_tokens": int(b)}] * n
+    _flush(backend, loop)
+    t0 = time.perf_counter()
+    run = loop.run_until_complete(_run_requests(backend, tok, problems * len(budgets), prompts * len(budgets),
+                                                params, max_new_tokens, concurrency, extras=extras))
+    wall = time.perf_counter() - t0
+    rows, outcomes = [], {}
+    for i, b in enumerate(budgets):
+        part = run[i * n:(i + 1) * n]
+        row = {"budget": int(b), **summarize(part, wall)}
+        for key in ("mean_latency_s", "wall_s"):
+            row.pop(key)
+        row["max_think_tokens"] = max(o.think_tokens for o in part)
+        row["within_budget_rate"] = sum(o.think_tokens <= b for o in part) / n
+        rows.append(row)
+        outcomes[f"{kind}/{b}"] = part
+    return rows, outcomes
+
+
+def curve_points(summary: Mapping[str, object]) -> Dict[str, List[Tuple[float, float, str]]]:
+    """The curves of accuracy against mean output tokens: ``{curve: [(tokens, accuracy, label)]}``
+    sorted by tokens. ``specexit``: the reference defaults and the tuned preset; ``budget`` /
+    ``sglang_budget``: each fixed budget, then the baseline (no budget) as the curve's last point.
+
+    Examples
+    --------
+    >>> s = {"baseline": {"mean_output_tokens": 100.0, "accuracy": 1.0},
+    ...      "tuned": {"mean_output_tokens": 40.0, "accuracy": 1.0},
+    ...      "budgets": {"budget": {"status": "measured", "rows": [
+    ...          {"budget": 16, "mean_output_tokens": 30.0, "accuracy": 0.5}]}}}
+    >>> curve_points(s)["budget"], curve_points(s)["specexit"]
+    ([(30.0, 0.5, '16'), (100.0, 1.0, 'none')], [(40.0, 1.0, 'tuned')])
+    """
+    out: Dict[str, List[Tuple[float, float, str]]] = {}
+    spec = [(summary[v]["mean_output_tokens"], summary[v]["accuracy"], v) for v in ("reference", "tuned")
+            if isinstance(summary.get(v), dict)]
+    if spec:
+        out["specexit"] = sorted(spec)
+    base = summary.get("baseline")
+    for kind, entry in (summary.get("budgets") or {}).items():
+        if entry.get("status") != "measured":
+            continue
+        pts = [(r["mean_output_tokens"], r["accuracy"], str(r["budget"])) for r in entry["rows"]]
+        if isinstance(base, dict):
+            pts.append((base["mean_output_tokens"], base["accuracy"], "none"))
+        out[kind] = sorted(pts)
+    return out
+
+
+def accuracy_at(points: Sequence[Tuple[float, float, str]], tokens: float) -> Optional[float]:
+    """Accuracy of a budget curve at ``tokens`` mean output tokens: linear between its points;
+    None outside the curve's token range (not extrapolated).
+
+    Examples
+    --------
+    >>> accuracy_at([(20.0, 0.2, "16"), (60.0, 0.6, "48"), (100.0, 1.0, "none")], 40.0)
+    0.4
+    >>> accuracy_at([(20.0, 0.2, "16")], 10.0) is None
+    True
+    """
+    pts = sorted(points)
+    for (x0, y0, _), (x1, y1, _) in zip(pts, pts[1:]):
+        if x0 <= tokens <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+    if len(pts) == 1 and pts[0][0] == tokens:
+        return pts[0][1]
+    return None
+
+
+def format_curves(summary: Mapping[str, object]) -> str:
+    """The printed curves (accuracy vs mean output tokens) and, per SpecExit point, the fixed-budget
+    curve's accuracy at the same mean tokens."""
+    curves = curve_points(summary)
+    lines = ["accuracy vs mean output tokens (budget = SpecExit's max-think guard as a plain budget, signal exit "
+             "off, no grace; sglang_budget = SGLang's max_thinking_tokens; 'none' = the baseline, no budget)",
+             f"{'curve':<14} {'point':<10} {'accuracy':>8} {'out tok':>8} {'think tok':>9} {'max think':>9} "
+             f"{'<= budget':>9}"]
+    rows = {kind: {str(r["budget"]): r for r in entry.get("rows", [])}
+            for kind, entry in (summary.get("budgets") or {}).items()}
+    for kind, pts in curves.items():
+        for tokens, acc, label in pts:
+            r = rows.get(kind, {}).get(label) or (summary.get(label) if kind == "specexit" else summary.get("baseline"))
+            lines.append(f"{kind:<14} {label:<10} {acc:>8.3f} {tokens:>8.1f} {r['mean_think_tokens']:>9.1f} "
+                         f"{_fmt(r.get('max_think_tokens'), 'd'):>9} {_fmt(r.get('within_budget_rate'), '.2f'):>9}")
+    for kind, entry in (summary.get("budgets") or {}).items():
+        if entry.get("status") != "measured":
+            lines.append(f"{kind:<14} n/a: {entry.get('reason')}")
+    for tokens, acc, label in curves.get("specexit", []):
+        for kind in BUDGET_KINDS:
+            if kind not in curves:
+                continue
+            at = accuracy_at(curves[kind], tokens)
+            verdict = ("outside the budget curve's token range" if at is None else
+                       f"{kind} curve {at:.3f} at equal tokens -> SpecExit "
+                       f"{'above' if acc > at else 'equal' if acc == at else 'below'} ({acc - at:+.3f})")
+            cheaper = [p for p in curves[kind] if p[0] <= tokens]
+            if cheaper:  # the best budget point that spends no more tokens
+                t, a, name = max(cheaper, key=lambda p: (p[1], -p[0]))
+                verdict += f"; best {kind} with <= these tokens: {name} ({a:.3f} at {t:.1f})"
+            lines.append(f"{label}: accuracy {acc:.3f} at {tokens:.1f} tokens; {verdict}")
+    return "\n".join(lines)
+
+
+def _plot_curves(summary: Mapping[str, object], path: str) -> None:
+    """One plot: accuracy against mean output tokens, a line per curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    style = {"specexit": dict(color="tab:green", marker="*", markersize=12, linestyle="none"),
+             "budget": dict(color="tab:blue", marker="o"), "sglang_budget": dict(color="tab:orange", marker="s")}
+    label = {"specexit": "SpecExit (reference, tuned)", "budget": "fixed budget (SpecExit max-think guard)",
+             "sglang_budget": "fixed budget (SGLang max_thinking_tokens)"}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kind, pts in curve_points(summary).items():
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        ax.plot(xs, ys, label=label.get(kind, kind), **style.get(kind, {}))
+        for x, y, name in pts:
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    ax.set_xlabel("mean output tokens per request")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(-0.02, 1.05)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(f"SpecExit vs fixed thinking budgets, {summary['n']} held-out problems (seed {summary['seed']})",
+                 fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def curves_png_path(png: str) -> str:
+    """Where the curves' plot goes next to the main plot.
+
+    Examples
+    --------
+    >>> curves_png_path("out/eval.png")
+    'out/eval_curves.png'
+    """
+    stem, ext = os.path.splitext(png)
+    return f"{stem}_curves{ext or '.png'}"
+
+
+def _sglang_budgets_on_engine(kwargs: dict, tok, problems, prompts, budgets, args) -> Tuple[dict, dict]:
+    """SGLang's ``max_thinking_tokens`` on a second engine launched with ``--enable-strict-thinking``
+    and the testbed's reasoning parser (after the main engine is down). Without CUDA: n/a with
+    :data:`SGLANG_BUDGET_CPU_REASON` (no engine launched)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"[specexit_eval] SGLang max_thinking_tokens: n/a ({SGLANG_BUDGET_CPU_REASON})", file=sys.stderr,
+              flush=True)
+        return {"status": "n/a", "reason": SGLANG_BUDGET_CPU_REASON}, {}
+    import sglang
+
+    backend = EngineBackend(sglang.Engine(**kwargs, enable_strict_thinking=True, reasoning_parser="qwen3-thinking"))
+    try:
+        rows, part = _run_budgets(backend.loop, backend, tok, problems, prompts, budgets, "sglang_budget",
+                                  args.max_new_tokens, args.concurrency)
+    finally:
+        backend.close(backend.loop)
+    return {"status": "measured", "rows": rows}, part
+
+
 def report(summary: Mapping[str, object], variants: Sequence[str], png: Optional[str]) -> None:
     """Print the tables of a finished run and write its plots (``png`` None: no plots)."""
     print(format_table(summary, variants))
@@ -584,6 +852,12 @@ def report(summary: Mapping[str, object], variants: Sequence[str], png: Optional
         if png:
             _plot_sweep(sweep, sweep_png_path(png))
             print(f"plot: {os.path.relpath(sweep_png_path(png), REPO)}")
+    if summary.get("budgets"):
+        print()
+        print(format_curves(summary))
+        if png and curve_points(summary):
+            _plot_curves(summary, curves_png_path(png))
+            print(f"plot: {os.path.relpath(curves_png_path(png), REPO)}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
@@ -604,6 +878,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     tuned = preset_custom_params(args.tuned) if "tuned" in variants else None
     if args.sweep < 0 or args.sweep > args.n:
         raise SystemExit(f"--sweep: must be in 0..--n ({args.n}), got {args.sweep}")
+    budgets = parse_budgets(args.budgets)
+    sglang_budgets = budgets if args.sglang_budgets is None else parse_budgets(args.sglang_budgets)
+    budget_summary: Dict[str, dict] = {}
+    budget_outcomes: Dict[str, List[Outcome]] = {}
     if args.url:
         backend = HttpBackend(args.url)
         try:
@@ -691,10 +969,31 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                   file=sys.stderr, flush=True)
             sweep, sweep_outcomes = _run_sweep(loop, backend, tok, problems[:args.sweep], prompts[:args.sweep],
                                                args.max_new_tokens, args.concurrency)
+        if budgets:
+            print(f"[specexit_eval] fixed budgets {budgets} (SpecExit's max-think guard, signal exit off) on "
+                  f"{len(problems)} problems", file=sys.stderr, flush=True)
+            rows, part = _run_budgets(loop, backend, tok, problems, prompts, budgets, "budget", args.max_new_tokens,
+                                      args.concurrency)
+            budget_summary["budget"] = {"status": "measured", "rows": rows}
+            budget_outcomes.update(part)
+        if sglang_budgets and args.url:
+            try:
+                rows, part = _run_budgets(loop, backend, tok, problems, prompts, sglang_budgets, "sglang_budget",
+                                          args.max_new_tokens, args.concurrency)
+                budget_summary["sglang_budget"] = {"status": "measured", "rows": rows}
+                budget_outcomes.update(part)
+            except Exception as exc:  # noqa: BLE001 - e.g. a server without --enable-strict-thinking refuses it
+                budget_summary["sglang_budget"] = {"status": "n/a", "reason": f"the server refused it: {exc}"[:500]}
         summary["cache_flushed_before_every_pass"] = all(flushed)
         summary["server_info"] = specexit_state(backend.server_info())
     finally:
         backend.close(loop)
+    if sglang_budgets and not args.url:
+        budget_summary["sglang_budget"], part = _sglang_budgets_on_engine(kwargs, tok, problems, prompts,
+                                                                           sglang_budgets, args)
+        budget_outcomes.update(part)
+    if budget_summary:
+        summary["budgets"] = budget_summary
     compare(summary)
     if "baseline" in outcomes:
         summary["oracle_ratio"] = oracle_ratio(outcomes["baseline"])
@@ -706,6 +1005,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         record = {**summary, "outcomes": {k: [asdict(o) for o in v] for k, v in outcomes.items()}}
         if sweep is not None:
             record["sweep_outcomes"] = {k: [asdict(o) for o in v] for k, v in sweep_outcomes.items()}
+        if budget_outcomes:
+            record["budget_outcomes"] = {k: [asdict(o) for o in v] for k, v in budget_outcomes.items()}
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
         print(f"json: {os.path.relpath(args.out, REPO)}")
