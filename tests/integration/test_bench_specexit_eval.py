@@ -1,9 +1,11 @@
 """bench/specexit_eval.py runs end to end on a few held-out problems and writes its table, JSON and PNGs.
 
-One subprocess run of the script as a user runs it (``--n 4 --repeats 1 --sweep 1``: the three
-variants, then the 7 methods x 4 smoothers on one problem, all on one engine with the committed
-trained testbed models), checked against the raw per-request outcomes it saved, and ``--replot``
-of its JSON; plus the argument checks that refuse to start (no engine).
+One subprocess run of the script as a user runs it (``--n 4 --repeats 1 --sweep 1 --budgets 16,64``:
+the three variants, then the 7 methods x 4 smoothers on one problem, then the fixed budgets 16 and 64,
+all on one engine with the committed trained testbed models), checked against the raw per-request
+outcomes it saved (every budget's think spans within the budget, SpecExit's points against the
+budget curve interpolated here, SGLang's ``max_thinking_tokens`` n/a on CPU with its reason), and
+``--replot`` of its JSON; plus the argument checks that refuse to start (no engine).
 
 Budget: < 2 min (one engine launch and ~45 short requests on a shared 2-core machine; the
 argument checks take a few seconds).
@@ -71,7 +73,8 @@ def test_sweep_larger_than_n_is_refused(tmp_path):
 @pytest.mark.skipif(not os.path.isdir(os.path.join(MODELS, "draft")), reason="trained testbed models not found")
 def test_script_end_to_end_small(tmp_path):
     out, png = tmp_path / "eval.json", tmp_path / "eval.png"
-    res = _run("--n", str(N), "--repeats", "1", "--sweep", "1", "--out", str(out), "--png", str(png))
+    res = _run("--n", str(N), "--repeats", "1", "--sweep", "1", "--budgets", "16,64", "--out", str(out),
+               "--png", str(png))
     assert res.returncode == 0, res.stderr[-4000:]
     # printed table: one row per variant, the oracle ratio and the verdict
     lines = res.stdout.splitlines()
@@ -122,6 +125,38 @@ def test_script_end_to_end_small(tmp_path):
         assert row["mean_output_tokens"] == part[0]["output_tokens"]
     assert any(r["exited_rate"] > 0 for r in sweep["rows"])
     assert sweep["baseline"]["exited_rate"] == 0
+
+    # fixed budgets: SpecExit's guard as a plain budget stops thinking at exactly the budget
+    entry = record["budgets"]["budget"]
+    assert entry["status"] == "measured" and [r["budget"] for r in entry["rows"]] == [16, 64]
+    for row in entry["rows"]:
+        part = record["budget_outcomes"][f"budget/{row['budget']}"]
+        assert [o["id"] for o in part] == ids
+        assert all(o["think_tokens"] <= row["budget"] for o in part), part
+        assert any(o["think_tokens"] == row["budget"] for o in part)  # the budget cut, not a natural end
+        assert row["mean_output_tokens"] == pytest.approx(sum(o["output_tokens"] for o in part) / N)
+        assert row["accuracy"] == pytest.approx(sum(o["correct"] for o in part) / N)
+    # SGLang's max_thinking_tokens cannot run on the CPU testbed (its XGrammar bitmask apply is GPU-only)
+    import torch
+
+    if not torch.cuda.is_available():
+        sgl = record["budgets"]["sglang_budget"]
+        assert sgl["status"] == "n/a" and "Unsupported device: cpu" in sgl["reason"]
+        assert "sglang_budget  n/a: SGLang's max_thinking_tokens needs --enable-strict-thinking" in res.stdout
+    # SpecExit's points against the budget curve (budgets, then the baseline), interpolated here
+    curve = sorted([(r["mean_output_tokens"], r["accuracy"]) for r in entry["rows"]]
+                   + [(record["baseline"]["mean_output_tokens"], record["baseline"]["accuracy"])])
+    for name in ("reference", "tuned"):
+        x, y = record[name]["mean_output_tokens"], record[name]["accuracy"]
+        seg = [(a, b) for a, b in zip(curve, curve[1:]) if a[0] <= x <= b[0]]
+        line = next(ln for ln in lines if ln.startswith(f"{name}: accuracy "))
+        if not seg:
+            assert "outside the budget curve's token range" in line, line
+            continue
+        (x0, y0), (x1, y1) = seg[0]
+        at = y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y0
+        assert f"budget curve {at:.3f} at equal tokens" in line and f"({y - at:+.3f})" in line, (line, at)
+    assert (tmp_path / "eval_curves.png").read_bytes()[:8] == PNG_MAGIC
 
     # --replot: the same tables from the saved file, plots redrawn, no engine
     again = _run("--replot", str(out), "--png", str(tmp_path / "again.png"), timeout=120)

@@ -2,9 +2,10 @@
 
 * fast: an in-process stub HTTP server (``http.server`` in a thread) with canned ``/generate``
   answers (long thinking when the request switches SpecExit off, a short exited one otherwise),
-  ``/server_info`` and ``/flush_cache``: the script's table, JSON and PNG, every request's
-  ``custom_params`` as the variant asks (baseline off, reference none, tuned = the preset), the
-  numbers recomputed here from the canned answers; a server without a SpecExit section in
+  ``/server_info`` and ``/flush_cache``: the script's table, JSON and PNGs, every request's
+  ``custom_params`` as the variant asks (baseline off, reference none, tuned = the preset, the
+  budget peer SpecExit's guard as a plain budget, the SGLang budget peer ``max_thinking_tokens``
+  at the top level of the body with SpecExit off), the numbers recomputed here from the canned answers; a server without a SpecExit section in
   ``/server_info`` ends the script with exit code 2 and a message naming ``--url``.
 * slow tier (the server part alone took 97 s at load average 3-7 on the shared 2-core machine,
   over the 90 s CI allowance): the CPU demo server (``sglang_ext.demo.running_server``, the committed trained testbed
@@ -149,13 +150,21 @@ def test_url_path_against_a_stub_server(tmp_path, monkeypatch):
     out, png = tmp_path / "url.json", tmp_path / "url.png"
     with _Stub(problems=mod.held_out_problems(N, 2026)) as stub:
         summary = mod.main(["--url", stub.url, "--n", str(N), "--repeats", "1", "--concurrency", "3",
-                            "--out", str(out), "--png", str(png)])
+                            "--budgets", "32", "--sglang-budgets", "32", "--out", str(out), "--png", str(png)])
     assert png.read_bytes()[:8] == PNG_MAGIC
     record = json.loads(out.read_text())
     assert record["url"] == stub.url and summary["url"] == stub.url
-    # warm-up (min(n, concurrency) requests), then 3 variants x N, each after a flush
-    assert len(stub.requests) == 3 + 3 * N and stub.flushes == 3
-    passes = stub.requests[3:]
+    # warm-up (min(n, concurrency) requests), then 3 variants x N, each after a flush, then the budget 32
+    # peers (SpecExit's guard as a plain budget, SGLang's max_thinking_tokens), N each, each after a flush
+    assert len(stub.requests) == 3 + 5 * N and stub.flushes == 5
+    passes = stub.requests[3:3 + 3 * N]
+    own, sgl = stub.requests[3 + 3 * N:3 + 4 * N], stub.requests[3 + 4 * N:]
+    assert [r["sampling_params"]["custom_params"] for r in own] == [
+        {"specexit_method": "confidence", "specexit_confidence_threshold": 1.0, "specexit_max_think_tokens": 32,
+         "specexit_max_think_grace": 0}] * N
+    assert all("max_thinking_tokens" not in r for r in own + passes)
+    assert [(r["max_thinking_tokens"], r["sampling_params"]["custom_params"]) for r in sgl] == [
+        (32, {"specexit_enable": False})] * N
     customs = [r["sampling_params"].get("custom_params") for r in passes]
     assert customs[:N] == [{"specexit_enable": False}] * N
     assert customs[N:2 * N] == [None] * N
@@ -177,6 +186,15 @@ def test_url_path_against_a_stub_server(tmp_path, monkeypatch):
     assert record["tuned"]["accuracy_drop_points"] == pytest.approx(
         100 * (expected["baseline"][1] - expected["tuned"][1]))
     assert record["server_info"] == {"enabled": True, "requests_exited": 0}
+    for kind, bodies in (("budget", own), ("sglang_budget", sgl)):
+        canned = [stub.canned(b) for b in bodies]
+        entry = record["budgets"][kind]
+        assert entry["status"] == "measured" and [r["budget"] for r in entry["rows"]] == [32]
+        row = entry["rows"][0]
+        assert (row["mean_output_tokens"], row["accuracy"], row["mean_think_tokens"]) == pytest.approx(
+            (sum(c[1] for c in canned) / N, sum(c is not WRONG for c in canned) / N,
+             sum(THINK_WORDS[c] for c in canned) / N))
+    assert (tmp_path / "url_curves.png").read_bytes()[:8] == PNG_MAGIC
     # the baseline's think span has the answer sentence; the exited ones' do not
     assert all(o["oracle_think_tokens"] is not None for o in record["outcomes"]["baseline"])
     assert all(o["oracle_think_tokens"] is None for o in record["outcomes"]["reference"])
