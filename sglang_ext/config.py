@@ -13,7 +13,9 @@ from the planner's mode table (``sglang_ext.dcut.planner.TIER_POLICIES``, ``pars
 Values are validated in ``__post_init__``; errors are :class:`ConfigError` whose message
 starts with the offending flag, e.g. ``--dcut-tiers: tiers must be strictly increasing``.
 Checks that need the tokenizer (stop-think token, step-split strings) run when the worker
-starts (:func:`resolve_token_ids` is called there).
+starts (:func:`resolve_token_ids` is called there): strings the user gave must be usable, the
+default ones that are not (a non-thinking model) leave SpecExit inactive with a warning.
+An unset ``--specexit-method`` follows ``--specexit-signal-source`` (:data:`DEFAULT_METHOD_BY_SOURCE`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ DCUT_ALGORITHMS = EAGLE_FAMILY + ("DFLASH",)
 
 SMOOTHING_CHOICES = D.SMOOTHING_NAMES
 SIGNAL_SOURCE_CHOICES = D.SIGNAL_SOURCES
+DEFAULT_METHOD_BY_SOURCE: Dict[str, str] = {"head": D.DEFAULT_METHOD, "draft-confidence": "confidence"}
+"""``--specexit-method`` when unset, per ``--specexit-signal-source`` (draft-confidence has confidence only)."""
+DEFAULTED_BY_SOURCE_OR_TOKENIZER: Tuple[str, ...] = ("method", "stop_think_token", "step_split_tokens")
+"""SpecExitConfig fields whose default (None) is resolved later: ``method`` from the signal source, the
+token strings with the served tokenizer (an unset stop-think string that is not one token makes SpecExit
+inactive instead of refusing the launch, see :func:`resolve_token_ids`)."""
 DEFAULT_STEP_SPLIT_STRINGS: Tuple[str, ...] = D.DEFAULT_STEP_SPLIT_STRINGS
 DEFAULT_DCUT_TIERS: Tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
 DCUT_OFF = MODE_OFF
@@ -222,9 +230,12 @@ class SpecExitConfig:
 
     enabled: bool = _f(False, "--specexit", "Enable SpecExit: end the <think> phase early when the "
                        "draft's smoothed signals say the answer is ready.", _parse_bool, store_true=True)
-    method: str = _f(D.DEFAULT_METHOD, "--specexit-method",
+    method: str = _f(None, "--specexit-method",
                      "Signals used by the exit test: any '_'-joined combination of confidence, progress, "
-                     "remain (order-insensitive).", _parse_method, metavar="METHOD", list_join="_")
+                     "remain (order-insensitive). Unset, it follows --specexit-signal-source: "
+                     f"{D.DEFAULT_METHOD} with head, confidence with draft-confidence.", _parse_method,
+                     metavar="METHOD", list_join="_",
+                     show_default=f"{D.DEFAULT_METHOD} (head), confidence (draft-confidence)")
     smoothing: str = _f(D.DEFAULT_SMOOTHING, "--specexit-smoothing", "Smoother applied to each signal.",
                         _parse_str, choices=SMOOTHING_CHOICES)
     ewma_alpha: float = _f(D.DEFAULT_EWMA_ALPHA, "--specexit-ewma-alpha",
@@ -246,22 +257,36 @@ class SpecExitConfig:
     max_think_grace: int = _f(D.DEFAULT_MAX_THINK_GRACE, "--specexit-max-think-grace",
                               "After --specexit-max-think-tokens, exit without a boundary once this many more "
                               "tokens pass.", _parse_int)
-    stop_think_token: str = _f(D.DEFAULT_STOP_THINK_TOKEN, "--specexit-stop-think-token",
-                               "Token forced to end thinking; must encode to exactly one token id.", _parse_str)
+    stop_think_token: str = _f(None, "--specexit-stop-think-token",
+                               "Token forced to end thinking; must encode to exactly one token id. Unset, and "
+                               f"{D.DEFAULT_STOP_THINK_TOKEN} is not one token of the served tokenizer (a "
+                               "non-thinking model), SpecExit stays inactive with a warning.", _parse_str,
+                               show_default=D.DEFAULT_STOP_THINK_TOKEN)
     step_split_tokens: Tuple[str, ...] = _f(None, "--specexit-step-split-tokens",
                                             "JSON list of paragraph-boundary strings; those that encode to one "
                                             "token form the boundary set.", _parse_string_list,
-                                            default_factory=lambda: DEFAULT_STEP_SPLIT_STRINGS,
                                             metavar="JSON", show_default=json.dumps(list(DEFAULT_STEP_SPLIT_STRINGS)),
                                             list_join="json")
     signal_source: str = _f(D.DEFAULT_SIGNAL_SOURCE, "--specexit-signal-source",
                             "Where the signals come from: the SpecExit rows of the draft's fc ('head') or the "
                             "draft's own token probabilities ('draft-confidence', confidence only, works with any "
-                            "EAGLE3 draft).", _parse_str, choices=SIGNAL_SOURCE_CHOICES)
+                            "EAGLE3 draft; the default --specexit-method is then confidence).", _parse_str,
+                            choices=SIGNAL_SOURCE_CHOICES)
+    explicit: Tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    """Names of the fields among :data:`DEFAULTED_BY_SOURCE_OR_TOKENIZER` that the user set (the others
+    were None and got their default in ``__post_init__``)."""
 
     def __post_init__(self):
         from sglang_ext.specexit.draft_confidence import check_signal_source
 
+        object.__setattr__(self, "explicit", tuple(n for n in DEFAULTED_BY_SOURCE_OR_TOKENIZER
+                                                   if getattr(self, n) is not None))
+        if self.method is None:
+            object.__setattr__(self, "method", DEFAULT_METHOD_BY_SOURCE.get(self.signal_source, D.DEFAULT_METHOD))
+        if self.stop_think_token is None:
+            object.__setattr__(self, "stop_think_token", D.DEFAULT_STOP_THINK_TOKEN)
+        if self.step_split_tokens is None:
+            object.__setattr__(self, "step_split_tokens", DEFAULT_STEP_SPLIT_STRINGS)
         opts = self.options()  # validates every option shared with custom_params
         object.__setattr__(self, "method", opts.method.name)
         _check(not (self.smoothing == "momentum" and self.window < 2), "--specexit-window",
@@ -273,7 +298,7 @@ class SpecExitConfig:
         try:
             check_signal_source(self.signal_source, opts.method)
         except ValueError as e:
-            raise ConfigError(f"--specexit-signal-source: {e}") from None
+            raise ConfigError(f"--specexit-signal-source: {e} (given with --specexit-method)") from None
 
     def options(self):
         """The server defaults as :class:`sglang_ext.specexit.overrides.SpecExitOptions`."""
@@ -544,29 +569,54 @@ def check_against_server(cfg: ExtensionConfig, speculative_algorithm: Optional[s
 
 @dataclass(frozen=True)
 class ResolvedTokens:
-    """Token ids SpecExit needs, resolved with the served tokenizer at worker start."""
+    """Token ids SpecExit needs, resolved with the served tokenizer at worker start.
+
+    ``inactive_reason`` is None when SpecExit can run; otherwise it says why SpecExit watches no
+    request on this model (``stop_think_id`` is then :data:`NO_STOP_THINK_ID` and
+    ``step_split_ids`` is empty)."""
 
     stop_think_id: int
     step_split_ids: Tuple[int, ...]
     dropped_step_split: Tuple[str, ...]
+    inactive_reason: Optional[str] = None
+
+    @property
+    def active(self) -> bool:
+        return self.inactive_reason is None
+
+
+NO_STOP_THINK_ID = -1
+"""``ResolvedTokens.stop_think_id`` of an inactive SpecExit (no token id is negative)."""
 
 
 def resolve_token_ids(cfg: SpecExitConfig, encode: Callable[[str], Sequence[int]]) -> ResolvedTokens:
     """Resolve the stop-think token and the boundary set with the tokenizer's ``encode``
     (without special-token additions).
 
+    A stop-think string that is not one token, or a boundary list of which no string is one
+    token, is a :class:`ConfigError` naming the flag when the user gave that flag. With the
+    default strings it means a model without a thinking span (e.g. ``</think>`` splits into
+    several tokens): SpecExit is then inactive on this model (``inactive_reason`` says why) and
+    the server runs as without ``--specexit``.
+
     Examples
     --------
     >>> vocab = {"</think>": 7, "\\n\\n": 3}
     >>> enc = lambda s: [vocab[s]] if s in vocab else [1, 2]
     >>> r = resolve_token_ids(SpecExitConfig(enabled=True), enc)
-    >>> r.stop_think_id, r.step_split_ids
-    (7, (3,))
+    >>> r.stop_think_id, r.step_split_ids, r.active
+    (7, (3,), True)
+    >>> resolve_token_ids(SpecExitConfig(enabled=True), lambda s: [1, 2]).inactive_reason
+    "the tokenizer has no single '</think>' token (it encodes to 2 tokens); SpecExit is inactive on this model (no thinking span to end)"
     """
     stop = list(encode(cfg.stop_think_token))
     if len(stop) != 1:
-        raise ConfigError(f"--specexit-stop-think-token: {cfg.stop_think_token!r} must encode to exactly one token "
-                          f"with this tokenizer, got {len(stop)} tokens {stop}")
+        if "stop_think_token" in cfg.explicit:
+            raise ConfigError(f"--specexit-stop-think-token: {cfg.stop_think_token!r} must encode to exactly one "
+                              f"token with this tokenizer, got {len(stop)} tokens {stop}")
+        return ResolvedTokens(NO_STOP_THINK_ID, (), (), inactive_reason=(
+            f"the tokenizer has no single {cfg.stop_think_token!r} token (it encodes to {len(stop)} tokens); "
+            "SpecExit is inactive on this model (no thinking span to end)"))
     ids: List[int] = []
     dropped: List[str] = []
     for s in cfg.step_split_tokens:
@@ -577,9 +627,13 @@ def resolve_token_ids(cfg: SpecExitConfig, encode: Callable[[str], Sequence[int]
         else:
             dropped.append(s)
     if not ids:
-        raise ConfigError("--specexit-step-split-tokens: none of "
-                          f"{json.dumps(list(cfg.step_split_tokens))} encodes to a single token with this tokenizer, "
-                          "so SpecExit could never find a paragraph boundary")
+        if "step_split_tokens" in cfg.explicit:
+            raise ConfigError("--specexit-step-split-tokens: none of "
+                              f"{json.dumps(list(cfg.step_split_tokens))} encodes to a single token with this "
+                              "tokenizer, so SpecExit could never find a paragraph boundary")
+        return ResolvedTokens(NO_STOP_THINK_ID, (), tuple(dropped), inactive_reason=(
+            "none of the default --specexit-step-split-tokens encodes to a single token with this tokenizer; "
+            "SpecExit is inactive on this model (no paragraph boundary to exit at)"))
     return ResolvedTokens(stop_think_id=int(stop[0]), step_split_ids=tuple(ids), dropped_step_split=tuple(dropped))
 
 

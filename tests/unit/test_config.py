@@ -48,7 +48,7 @@ def test_defaults_match_the_reference_values():
 def test_flag_table_covers_every_field_once():
     for cls in (SpecExitConfig, DCutConfig):
         names = [n for n, _, _ in iter_flags(cls)]
-        assert names == [f.name for f in dataclasses.fields(cls)]
+        assert names == [f.name for f in dataclasses.fields(cls) if f.init]  # not the derived SpecExit 'explicit'
     flags = [s.flag for c in (SpecExitConfig, DCutConfig) for _, s, _ in iter_flags(c)]
     assert len(flags) == len(set(flags))
     assert all(f.startswith("--specexit") or f.startswith("--dcut") for f in flags)
@@ -87,6 +87,49 @@ def test_errors_name_the_flag(values, flag):
         configs_from_mapping(values)
     assert str(e.value).startswith(flag + ":")
     assert "\n" not in str(e.value)
+
+
+def test_unset_method_follows_the_signal_source():
+    assert SpecExitConfig(signal_source="draft-confidence").method == "confidence"
+    assert SpecExitConfig(signal_source="head").method == "confidence_progress_remain"
+    assert configs_from_mapping({"specexit": True, "specexit_signal_source": "draft-confidence"}
+                                ).specexit.method == "confidence"
+    assert SpecExitConfig(signal_source="draft-confidence", method="confidence").explicit == ("method",)
+    assert SpecExitConfig(signal_source="draft-confidence").explicit == ()
+
+
+@pytest.mark.parametrize("method", ["confidence_progress_remain", "remain", "confidence_progress"])
+def test_explicit_method_incompatible_with_draft_confidence_is_refused(method):
+    with pytest.raises(ConfigError) as e:
+        configs_from_mapping({"specexit": True, "specexit_signal_source": "draft-confidence",
+                              "specexit_method": method})
+    assert str(e.value).startswith("--specexit-signal-source: signal source 'draft-confidence' provides "
+                                   "confidence only"), str(e.value)
+    assert "--specexit-method" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_multi_token_stop_think_string_makes_specexit_inactive_unless_given():
+    from sglang_ext.config import NO_STOP_THINK_ID, resolve_token_ids
+
+    vocab = {"\n\n": 3, "</reflect>": 9}
+    encode = lambda s: [vocab[s]] if s in vocab else [5, 6, 7]  # noqa: E731 ('</think>': 3 tokens)
+    r = resolve_token_ids(SpecExitConfig(enabled=True), encode)
+    assert not r.active and r.stop_think_id == NO_STOP_THINK_ID and r.step_split_ids == ()
+    assert r.inactive_reason.startswith("the tokenizer has no single '</think>' token (it encodes to 3 tokens)")
+    with pytest.raises(ConfigError, match=r"^--specexit-stop-think-token: '</think>' must encode to exactly one"):
+        resolve_token_ids(SpecExitConfig(enabled=True, stop_think_token="</think>"), encode)  # given: an error
+    ok = resolve_token_ids(SpecExitConfig(enabled=True, stop_think_token="</reflect>"), encode)
+    assert ok.active and (ok.stop_think_id, ok.step_split_ids) == (9, (3,))
+
+
+def test_default_boundaries_without_a_single_token_make_specexit_inactive_unless_given():
+    from sglang_ext.config import resolve_token_ids
+
+    encode = lambda s: [4] if s == "</think>" else [1, 2]  # noqa: E731 (no boundary string is one token)
+    r = resolve_token_ids(SpecExitConfig(enabled=True), encode)
+    assert not r.active and "--specexit-step-split-tokens" in r.inactive_reason
+    with pytest.raises(ConfigError, match=r"^--specexit-step-split-tokens: none of"):
+        resolve_token_ids(SpecExitConfig(enabled=True, step_split_tokens=("\n\n",)), encode)
 
 
 def test_cross_checks_with_the_speculative_algorithm():
@@ -132,10 +175,11 @@ def test_resolve_token_ids_keeps_single_token_split_strings():
 
 
 def test_resolve_token_ids_errors_name_the_flag():
+    """Strings the user gave that are not usable are errors (unset ones make SpecExit inactive, below)."""
     with pytest.raises(ConfigError, match=r"^--specexit-stop-think-token: '</think>' must encode to exactly one"):
-        resolve_token_ids(SpecExitConfig(enabled=True), _encoder({"\n\n": 3}))
+        resolve_token_ids(SpecExitConfig(enabled=True, stop_think_token="</think>"), _encoder({"\n\n": 3}))
     with pytest.raises(ConfigError, match=r"^--specexit-step-split-tokens: none of"):
-        resolve_token_ids(SpecExitConfig(enabled=True), _encoder({"</think>": 7}))
+        resolve_token_ids(SpecExitConfig(enabled=True, step_split_tokens=("\n\n",)), _encoder({"</think>": 7}))
 
 
 def test_options_bridge_to_per_request_form():

@@ -29,6 +29,12 @@ drafts, the bonus excluded. With ``draft-confidence`` the draft's own probabilit
 accepted drafts are averaged (``sglang_ext.specexit.draft_confidence``), as captured per
 verify step by ``sglang_ext.engine.draft_capture``.
 
+**Inactive.** On a model whose tokenizer has no one-token stop-think string (a non-thinking
+model such as SmolLM2, where ``</think>`` is 3 tokens) and no ``--specexit-stop-think-token``
+given, :func:`sglang_ext.config.resolve_token_ids` says why; the runner logs one warning,
+watches no request (``meta_info`` ``specexit_active`` false, results untouched) and
+``/server_info`` shows ``active: false`` with ``inactive_reason``.
+
 **Slot reuse.** State is indexed by request-pool slot. A slot is reset at the prefill of the
 request that owns it; the runner remembers the owner (``rid``) of every slot it reset, and a
 verify row whose request it did not reset (e.g. a request that arrived with its KV from a
@@ -174,6 +180,9 @@ class SpecExitRunner:
         The server's SpecExit flags.
     """
 
+    inactive_reason: Optional[str] = None
+    """Why SpecExit watches no request on this model (:func:`sglang_ext.config.resolve_token_ids`), or None."""
+
     def __init__(self, worker, cfg: SpecExitConfig) -> None:
         self.cfg = cfg
         self.options = server_options(cfg)
@@ -182,7 +191,10 @@ class SpecExitRunner:
         tokenizer = self._load_tokenizer()
         encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
         tokens = resolve_token_ids(cfg, encode)
-        if tokens.dropped_step_split:
+        self.inactive_reason: Optional[str] = tokens.inactive_reason
+        if self.inactive_reason is not None:
+            logger.warning("SpecExit: %s; requests are served as without --specexit", self.inactive_reason)
+        elif tokens.dropped_step_split:
             logger.warning("--specexit-step-split-tokens: dropped %s (not a single token with this tokenizer); "
                            "boundary ids %s", json.dumps(list(tokens.dropped_step_split)), list(tokens.step_split_ids))
         self.stop_think_id = tokens.stop_think_id
@@ -192,12 +204,14 @@ class SpecExitRunner:
         self.think_start_id: Optional[int] = int(start_ids[0]) if len(start_ids) == 1 else None
         self.signal_rows: Optional[Tuple[int, ...]] = None
         if self.source == HEAD_SOURCE:
-            self.signal_rows = self._check_head(worker)
+            self.signal_rows = self._check_head(worker)  # flags vs draft: checked even when inactive
         self.state: Optional[SpecExitState] = None
         self.owner: Dict[int, str] = {}
         self.stats = SpecExitStats()
         self.sink = SpecExitSink(self.stop_think_id, self.stats, ExitLog())
         self.trace_path = os.environ.get(TRACE_ENV) or None
+        if self.inactive_reason is not None:
+            return
         logger.info("SpecExit on: method=%s source=%s smoothing=%s stop_think_id=%d boundary_ids=%s",
                     self.method.name, self.source, self.options.smoothing.label, self.stop_think_id,
                     list(self.boundary_ids))
@@ -250,6 +264,11 @@ class SpecExitRunner:
         reqs = list(getattr(batch, "reqs", None) or [])
         if not reqs or batch.forward_mode.is_idle():
             return
+        if not self.active:
+            for req in reqs:  # watched by nobody: meta_info says specexit_active false
+                if getattr(req, REPORT_ATTR, None) is None:
+                    setattr(req, REPORT_ATTR, SpecExitRequestReport(active=False))
+            return
         state = self._ensure_state(worker)
         slots: List[int] = []
         options: List[SpecExitOptions] = []
@@ -299,7 +318,7 @@ class SpecExitRunner:
     # ---------------------------------------------------------------- verify
     def after_verify(self, worker, batch, verify_input, result):
         """Decide, cut and observe one verify step; returns ``result`` (edited in place)."""
-        if batch.forward_mode.is_idle() or result is None or result.accept_lens is None:
+        if not self.active or batch.forward_mode.is_idle() or result is None or result.accept_lens is None:
             return result
         bs = int(result.accept_lens.shape[0])
         if bs == 0:
@@ -432,9 +451,16 @@ class SpecExitRunner:
         with open(self.trace_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    @property
+    def active(self) -> bool:
+        """False when SpecExit watches no request on this model (``inactive_reason`` says why)."""
+        return self.inactive_reason is None
+
     def server_info(self) -> Dict[str, object]:
-        """The ``/server_info`` payload of this worker."""
+        """The ``/server_info`` payload of this worker (``active`` false and ``inactive_reason``
+        when SpecExit watches no request on this model)."""
         info = self.stats.as_dict()
-        info.update({"method": self.method.name, "signal_source": self.source,
+        info.update({"active": self.active, "inactive_reason": self.inactive_reason,
+                     "method": self.method.name, "signal_source": self.source,
                      "stop_think_id": self.stop_think_id, "boundary_ids": list(self.boundary_ids)})
         return info
