@@ -20,8 +20,9 @@ Here one small batch (bs 4, 32 new tokens on the tree, 16 on the chain, one repe
 
 Throughput figures are printed, never asserted (noisy host).
 
-Budget: CI ~60 s (two engine starts side by side, 6 modes x 2 short runs; 45-70 s measured on the
-shared 2-core host); slow tier ~3 min (four engine starts, a profile of bs 1 and 4, 8 modes).
+Budget: CI ~60-110 s (two engine starts side by side, 6 modes x 2 short runs; 107 s measured at load
+average 5 on the shared 2-core host); slow tier ~3-6 min (four engine starts, a profile of bs 1 and 4,
+8 modes; 335 s measured at load average 5).
 """
 
 from __future__ import annotations
