@@ -797,8 +797,10 @@ def ratios_of(tps: Dict[str, float], fixed: List[str]) -> Dict[str, float]:
     best of the repeats); ``fixed`` are the fixed tiers below full.
 
     >>> r = ratios_of({"no-spec": 100.0, "full": 80.0, "r0.5": 110.0, "auto": 99.0, "auto-never": 90.0}, ["r0.5"])
-    >>> {k: round(v, 3) for k, v in r.items()}
-    {'auto/full': 1.238, 'auto/best': 0.9, 'best/full': 1.375, 'auto/nospec': 0.99, 'full/nospec': 0.8, 'auto/peak': 0.9, 'auto/never': 1.1, 'never/peak': 0.818}
+    >>> [(k, round(v, 3)) for k, v in r.items()][:4]
+    [('auto/full', 1.238), ('auto/best', 0.9), ('best/full', 1.375), ('auto/nospec', 0.99)]
+    >>> [(k, round(v, 3)) for k, v in r.items()][4:]
+    [('full/nospec', 0.8), ('auto/peak', 0.9), ('auto/never', 1.1), ('never/peak', 0.818)]
     """
     v = dict(tps)
     if fixed and all(v.get(m) for m in fixed):

@@ -652,10 +652,11 @@ def _run_sweep(loop, backend, tok, problems, prompts, max_new_tokens, concurrenc
 #: Why SGLang's ``max_thinking_tokens`` cannot run on the CPU testbed (checked in SGLang 0.5.23's source
 #: and with a tiny run): the field needs ``--enable-strict-thinking``, which gives every request the
 #: reasoner grammar of the XGrammar backend, whose token-bitmask apply supports cuda/xpu/musa/npu only.
-SGLANG_BUDGET_CPU_REASON = ("SGLang's max_thinking_tokens needs --enable-strict-thinking (else the request is refused), "
-                            "which applies the XGrammar token bitmask to every request; SGLang's XGrammar backend "
-                            "applies it on cuda/xpu/musa/npu only (RuntimeError 'Unsupported device: cpu' in "
-                            "XGrammarGrammar.apply_vocab_mask, the scheduler dies), so it cannot run on the CPU testbed")
+SGLANG_BUDGET_CPU_REASON = (
+    "SGLang's max_thinking_tokens needs --enable-strict-thinking (else the request is refused), which applies the "
+    "XGrammar token bitmask to every request; SGLang's XGrammar backend applies it on cuda/xpu/musa/npu only "
+    "(RuntimeError 'Unsupported device: cpu' in XGrammarGrammar.apply_vocab_mask, the scheduler dies), so it "
+    "cannot run on the CPU testbed")
 
 
 def _run_budgets(loop, backend, tok, problems, prompts, budgets: Sequence[int], kind: str, max_new_tokens,

@@ -177,7 +177,8 @@ def test_chain_all_peers_with_a_fresh_profile(tmp_path):
     # profiled at launch (not a cached table), schema version 2 with a draft-off cost per batch size
     assert res["cost_table_info"]["source"] == "profiled", res["cost_table_info"]
     table = res["cost_table"]
-    assert table["version"] == 2 and len(table["off_ms"]) == len(table["batch_sizes"]) and table["batch_sizes"][-1] == BS
+    assert table["version"] == 2 and table["batch_sizes"][-1] == BS
+    assert len(table["off_ms"]) == len(table["batch_sizes"]) and all(x > 0 for x in table["off_ms"])
     # SGLang ran its adaptive mode (not the static fallback) with the chain's steps among its candidates
     assert res["adaptive"]["status"] == "measured" and res["adaptive"]["server"]["speculative_adaptive"] is True
     assert 15 in res["adaptive"]["config"]["1"]["candidate_steps"]
