@@ -1,23 +1,45 @@
-"""Does D-Cut raise EAGLE3 decode throughput, and does ``--dcut auto`` pick a good tier?
+"""Does D-Cut raise EAGLE3 decode throughput, and is ``--dcut auto`` never slower than its peers?
 
-In one process, for batch sizes 1, 4, 16, 32, 64 (all requests submitted together, greedy,
+In one run, for batch sizes 1, 4, 16, 32, 64 (all requests submitted together, greedy,
 ``--max-new-tokens`` each, EOS ignored so the batch stays full), measures output tokens/s of:
 
-* ``no-spec``: the target alone (one engine without speculation);
+* ``no-spec``: the target alone (an engine without speculation);
 * ``full``: EAGLE3 with full verification (D-Cut ratio 1.0, the ``--dcut off`` behaviour);
 * ``r0.25`` / ``r0.5`` / ``r0.75``: each fixed tier;
-* ``auto``: the tier chosen per step from the launch-time cost table.
+* ``auto``: ``--dcut auto`` with ``--dcut-draft-off auto`` (the defaults): the tier chosen per step
+  from the launch-time cost table, and whole steps without drafting when the table says a
+  draft-off step commits more tokens per ms;
+* ``auto-never``: ``--dcut auto --dcut-draft-off never`` on the same cost table (a second engine);
+* ``adaptive``: SGLang's own ``--speculative-adaptive`` (EAGLE3, same draft and shape), where SGLang
+  supports the shape: chains only (topk 1; ``num_draft_tokens = num_steps + 1``); for trees it is
+  printed ``n/a`` with SGLang's reason. Its config: SGLang's default adaptive config with
+  ``--num-steps`` added to the candidates of its batch-size-1 slot (SGLang requires the launch
+  steps to be a candidate), or ``--adaptive-config FILE``.
 
-The five EAGLE3 modes run on one ``--dcut auto`` engine, switched at runtime with
-``/set_internal_state`` ``dcut_force_ratio`` (so they share weights, profile and warm-up), and
-interleaved: for each batch size, every repeat runs every mode once (order reversed on odd
-repeats), the best of ``--repeats`` is kept. Every mode's output is checked token for token
-against the full-verify output (lossless). SpecExit is not launched (all modes decode the same
-tokens). It prints a table of tok/s with the ratios ``auto / full`` and ``auto / best fixed
-tier``, D-Cut's keep ratio and tier histogram for ``auto`` per batch size, the acceptance along
-the draft chain (full verification) and the per-step time split (draft steps / planner / target
-verify forward / rest of verify / draft extend / other; ``SGLANG_EXT_DCUT_TIMING``), and saves a
-PNG plot (and optionally JSON).
+Each engine runs in a process of its own (:class:`EngineProcess`), all up side by side with SGLang's
+``--sleep-on-idle``; the five modes of the D-Cut engine are switched at runtime with
+``/set_internal_state`` ``dcut_force_ratio`` (so they share weights, profile and warm-up). The
+runs are interleaved: for each batch size, every repeat runs every mode once, back to back (order
+reversed on odd repeats), so a repeat's ratios compare runs taken close together in time; the
+best of ``--repeats`` is kept too. The D-Cut engine is launched alone after the others are up and
+profiles its cost table at launch (schema version 2, with the draft-off step's cost) in a fresh
+temporary cache directory unless ``--cache-dir`` / ``--cost-table`` is given; ``auto-never`` loads
+that table from a file. Every mode's output is checked token for token against the full-verify
+output (lossless; ``no-spec`` and ``adaptive`` included). SpecExit is not launched (all modes
+decode the same tokens).
+
+Printed: a table of tok/s (``adaptive`` ``n/a`` with the reason where SGLang does not support the
+shape), then the ratios per batch size, of the best-of-repeats tok/s and paired (median over
+repeats of the ratio within one repeat): ``auto/full``, ``auto/best`` (best = the fastest fixed tier
+below full), ``best/full``, ``auto/nospec``, ``full/nospec``, ``auto/peak`` (peak = the fastest of
+no-spec, full and every fixed tier: everything auto chooses between), ``auto/never`` (what the
+draft-off choice adds), ``never/peak``, ``auto/adaptive`` and ``adaptive/peak``; D-Cut's keep ratio,
+tier histogram (``draft_off`` = steps without drafting) and draft-off share for ``auto`` and
+``auto-never`` per batch size, the acceptance along the draft chain (full verification) and the
+per-step time split (draft steps / planner / target verify forward / rest of verify / draft
+extend / other; ``SGLANG_EXT_DCUT_TIMING``). A PNG plot and optionally JSON (``tok_s``,
+``tok_s_runs`` per repeat, ``paired_ratios``, ``dcut`` metrics, ``lossless_vs_full``,
+``tokens_per_verify``, ``adaptive``, the cost table) are written.
 
 Models: by default the trained testbed models (``sglang_ext/testbed/models/{target,draft}``,
 thinking target + EAGLE3 draft) with held-out problems of the synthetic task through the chat
@@ -26,13 +48,13 @@ template (thinking on); ``--models tiny`` uses the CPU testbed's tiny random mod
 ``--draft`` name any other pair (prompts: held-out problems when the target has the testbed's
 chat template, else the tiny-model prompts). On a shared CPU machine use ``OMP_NUM_THREADS=1``.
 Run (the first is the D-Cut acceptance run: SGLang's documented 16-draft-token EAGLE tree, 3 steps,
-topk 4; the second the 15-step chain; the engine end to end is tested in
-``tests/integration/test_bench_dcut_engine.py``)::
+topk 4; the second the 15-step chain, where SGLang's adaptive mode runs too; the engine end to end
+is tested in ``tests/integration/test_bench_dcut_engine.py``)::
 
     OMP_NUM_THREADS=1 python bench/dcut_throughput.py --num-steps 3 --topk 4 --num-draft-tokens 16 \\
         --batch-sizes 1,4,16,32,64 --out bench/out/dcut_tree16.png --json bench/out/dcut_tree16.json
     OMP_NUM_THREADS=1 python bench/dcut_throughput.py --num-steps 15 --num-draft-tokens 16 \\
-        --batch-sizes 1,4,16,32,64 --out bench/out/dcut_throughput.png --json bench/out/dcut.json
+        --batch-sizes 1,4,16,32,64 --out bench/out/dcut_chain16.png --json bench/out/dcut_chain16.json
 
 ``--url http://host:port``: no engines; measure a running SGLang server (``bs`` concurrent
 ``/generate`` requests, the held-out problems as text). With D-Cut on (``/server_info`` has
