@@ -37,7 +37,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_ext.recipe.features import draft_layer_ids
-from sglang_ext.testbed.modeling import RMSNorm, apply_rope, rope_cos_sin
+from sglang_ext.testbed.modeling import (
+    RMSNorm,
+    apply_rope,
+    eagle3_checkpoint_weights,
+    eagle3_parameter_name,
+    rope_cos_sin,
+    ttt_chain_attention,
+)
 
 DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
 #: ``t2d``-mapped label of a token outside the draft vocabulary (ignored by the loss).
@@ -269,42 +276,20 @@ class Eagle3DraftModel(nn.Module):
         out = [g]
         scale = 1.0 / math.sqrt(self.spec.head_dim)
         causal = torch.ones(n, n, dtype=torch.bool, device=input_ids.device).tril()
-        neg = torch.finfo(q0.dtype).min
         chain_k: List[torch.Tensor] = []
         chain_v: List[torch.Tensor] = []
         for step in range(1, num_steps):
             qk, kk, vk = self._qkv(toks_all[:, 1 + step : n + 1 + step], g, pos0 + step)
             chain_k.append(kk)
             chain_v.append(vk)
-            s0 = (torch.matmul(qk, k0.transpose(-1, -2)) * scale).masked_fill(~causal, neg)
-            sd = torch.stack([(qk * kj).sum(-1) for kj in chain_k], dim=-1) * scale  # [B,h,n,step]
-            p = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)
-            attn = torch.matmul(p[..., :n], v0)
-            for j, vj in enumerate(chain_v):
-                attn = attn + p[..., n + j].unsqueeze(-1) * vj
-            g = self._finish(attn, g)
+            g = self._finish(ttt_chain_attention(qk, k0, v0, chain_k, chain_v, causal, scale), g)
             out.append(g)
         return out
 
     # -- checkpoint (stage e)
     def state_dict_eagle3(self, dtype: torch.dtype = torch.float32) -> Dict[str, torch.Tensor]:
         """Weights under the standard EAGLE3 checkpoint names (``midlayer.*``, ``fc``, ``d2t``, ``t2d``)."""
-        m = "midlayer."
-        sd = {
-            "fc.weight": self.fc.weight,
-            m + "hidden_norm.weight": self.hidden_norm.weight,
-            m + "input_layernorm.weight": self.input_layernorm.weight,
-            m + "post_attention_layernorm.weight": self.post_attention_layernorm.weight,
-            m + "self_attn.q_proj.weight": self.q_proj.weight,
-            m + "self_attn.k_proj.weight": self.k_proj.weight,
-            m + "self_attn.v_proj.weight": self.v_proj.weight,
-            m + "self_attn.o_proj.weight": self.o_proj.weight,
-            m + "mlp.gate_proj.weight": self.gate_proj.weight,
-            m + "mlp.up_proj.weight": self.up_proj.weight,
-            m + "mlp.down_proj.weight": self.down_proj.weight,
-            "norm.weight": self.norm.weight,
-            "lm_head.weight": self.lm_head.weight,
-        }
+        sd = eagle3_checkpoint_weights(self)
         if self.fc_norm is not None:
             sd.update({f"fc_norm.{i}.weight": nrm.weight for i, nrm in enumerate(self.fc_norm)})
         sd = {k: v.detach().to(dtype).contiguous().clone() for k, v in sd.items()}
@@ -350,8 +335,7 @@ def load_draft(draft_dir: str, embed_weight: torch.Tensor) -> Eagle3DraftModel:
         for name, w in sd.items():
             if name in ("d2t", "t2d"):
                 continue
-            key = name.replace("midlayer.", "").replace("self_attn.", "").replace("mlp.", "")
-            params[key].copy_(w.float())
+            params[eagle3_parameter_name(name)].copy_(w.float())
     return draft
 
 

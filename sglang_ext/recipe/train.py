@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang_ext.recipe.draft import NOT_IN_DRAFT_VOCAB, Eagle3DraftModel
-from sglang_ext.testbed.common import lr_at
+from sglang_ext.testbed.common import lr_at, shift_step_labels
 
 
 @dataclass(frozen=True)
@@ -66,18 +66,11 @@ def step_labels(ids: torch.Tensor, prompt_lens: torch.Tensor, lengths: torch.Ten
     ...                                  torch.tensor([5]), t2d, 2)]
     [[[3, -100, 4, -100]], [[-100, 4, -100, -100]]]
     """
-    B, S = ids.shape
+    S = ids.shape[1]
     pos = torch.arange(S).unsqueeze(0)  # [1, S]
     ok = (pos >= prompt_lens.unsqueeze(1)) & (pos < lengths.unsqueeze(1))
     mapped = torch.where(ok, target_to_draft[ids], torch.full_like(ids, NOT_IN_DRAFT_VOCAB))
-    out = []
-    for k in range(num_steps):
-        t = torch.full((B, S - 1), NOT_IN_DRAFT_VOCAB, dtype=torch.long)
-        shift = 2 + k
-        if S - shift > 0:
-            t[:, : S - shift] = mapped[:, shift:]
-        out.append(t)
-    return out
+    return shift_step_labels(mapped, num_steps, NOT_IN_DRAFT_VOCAB)
 
 
 def make_batches(lengths: Sequence[int], batch_tokens: int, seed: int, epoch: int) -> List[List[int]]:

@@ -102,6 +102,36 @@ def greedy_generate(model, prompts: Sequence[List[int]], max_new_tokens: int,
     return out
 
 
+def shift_step_labels(labels: torch.Tensor, num_steps: int, fill: int = IGNORE_INDEX) -> List[torch.Tensor]:
+    """Labels of each training-time-test chain step: step ``k`` at index ``p`` is scored on
+    ``labels[p + 2 + k]`` (``fill`` past the end).
+
+    Parameters
+    ----------
+    labels : torch.Tensor
+        ``# [batch_size, seq_len]`` int64, ``fill`` where not scored.
+
+    Returns
+    -------
+    list of torch.Tensor
+        ``num_steps`` tensors ``# [batch_size, seq_len - 1]``.
+
+    Examples
+    --------
+    >>> [t.tolist() for t in shift_step_labels(torch.tensor([[1, 2, 3, 4]]), 2, fill=-1)]
+    [[[3, 4, -1]], [[4, -1, -1]]]
+    """
+    B, S = labels.shape
+    out = []
+    for k in range(num_steps):
+        t = torch.full((B, S - 1), fill, dtype=torch.long)
+        shift = 2 + k
+        if S - shift > 0:
+            t[:, : S - shift] = labels[:, shift:]
+        out.append(t)
+    return out
+
+
 def lr_at(step: int, total: int, base: float, warmup: int, floor: float = 0.1) -> float:
     """Linear warm-up then cosine decay to ``floor * base``.
 

@@ -185,6 +185,75 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
 
 
+def ttt_chain_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
+                        chain_k: List[torch.Tensor], chain_v: List[torch.Tensor],
+                        causal: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of a training-time-test chain step ``k >= 1`` (shared by the testbed's and
+    the recipe's EAGLE3 drafts): index ``p`` attends to the step-0 entries ``0..p`` and to its
+    own chain entries of steps ``1..k`` (at ``p``).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``# [batch_size, heads, n, head_dim]`` queries of this step.
+    k0, v0 : torch.Tensor
+        ``# [batch_size, heads, n, head_dim]`` keys / values of step 0.
+    chain_k, chain_v : list of torch.Tensor
+        ``k`` tensors ``# [batch_size, heads, n, head_dim]``: steps ``1..k`` (this one last).
+    causal : torch.Tensor
+        ``# [n, n]`` bool, lower-triangular.
+    scale : float
+        ``1 / sqrt(head_dim)``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``# [batch_size, heads, n, head_dim]``
+    """
+    n = k0.shape[-2]
+    s0 = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, h, n, n]
+    s0 = s0.masked_fill(~causal, torch.finfo(q.dtype).min)
+    sd = torch.stack([(q * kj).sum(-1) for kj in chain_k], dim=-1) * scale  # [B, h, n, step]
+    p = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)
+    out = torch.matmul(p[..., :n], v0)
+    for j, vj in enumerate(chain_v):
+        out = out + p[..., n + j].unsqueeze(-1) * vj
+    return out
+
+
+#: Prefix of the decoder layer's weights in SGLang's EAGLE3 checkpoints.
+EAGLE3_LAYER_PREFIX = "midlayer."
+
+
+def eagle3_checkpoint_weights(draft: nn.Module) -> Dict[str, torch.Tensor]:
+    """The parameters of a one-layer EAGLE3 draft (the testbed's :class:`Eagle3Draft` or the
+    recipe's ``Eagle3DraftModel``: same attribute names) under SGLang's EAGLE3 checkpoint names
+    (``midlayer.*``, ``fc``, ``norm``, ``lm_head``); not detached, no ``d2t`` / ``t2d``."""
+    m = EAGLE3_LAYER_PREFIX
+    return {
+        "fc.weight": draft.fc.weight,
+        m + "hidden_norm.weight": draft.hidden_norm.weight,
+        m + "input_layernorm.weight": draft.input_layernorm.weight,
+        m + "post_attention_layernorm.weight": draft.post_attention_layernorm.weight,
+        m + "self_attn.q_proj.weight": draft.q_proj.weight,
+        m + "self_attn.k_proj.weight": draft.k_proj.weight,
+        m + "self_attn.v_proj.weight": draft.v_proj.weight,
+        m + "self_attn.o_proj.weight": draft.o_proj.weight,
+        m + "mlp.gate_proj.weight": draft.gate_proj.weight,
+        m + "mlp.up_proj.weight": draft.up_proj.weight,
+        m + "mlp.down_proj.weight": draft.down_proj.weight,
+        "norm.weight": draft.norm.weight,
+        "lm_head.weight": draft.lm_head.weight,
+    }
+
+
+def eagle3_parameter_name(checkpoint_name: str) -> str:
+    """Inverse of :func:`eagle3_checkpoint_weights`' naming: ``midlayer.self_attn.q_proj.weight``
+    -> ``q_proj.weight``."""
+    return (checkpoint_name.replace(EAGLE3_LAYER_PREFIX, "").replace("self_attn.", "")
+            .replace("mlp.", ""))
+
+
 @dataclass(frozen=True)
 class DraftConfig:
     hidden_size: int
@@ -350,19 +419,12 @@ class Eagle3Draft(nn.Module):
         all_logits = [logits]
         chain_k: List[torch.Tensor] = []
         chain_v: List[torch.Tensor] = []
-        neg = torch.finfo(q0.dtype).min
         for step in range(1, num_steps):
             toks = toks_all[:, 1 + step : n + 1 + step]
             qk, kk, vk = self._qkv(toks, g, pos0 + step)
             chain_k.append(kk)
             chain_v.append(vk)
-            s0 = torch.matmul(qk, k0.transpose(-1, -2)) * scale  # [B, h, n, n]
-            s0 = s0.masked_fill(~causal, neg)
-            sd = torch.stack([(qk * kj).sum(-1) for kj in chain_k], dim=-1) * scale  # [B,h,n,step]
-            p = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)
-            out = torch.matmul(p[..., :n], v0)
-            for j, vj in enumerate(chain_v):
-                out = out + p[..., n + j].unsqueeze(-1) * vj
+            out = ttt_chain_attention(qk, k0, v0, chain_k, chain_v, causal, scale)
             logits, g = self._finish(out, g)
             all_logits.append(logits)
         return all_logits
@@ -370,22 +432,7 @@ class Eagle3Draft(nn.Module):
     # -- checkpoint
     def sglang_state_dict(self) -> Dict[str, torch.Tensor]:
         """Weights under SGLang's EAGLE3 checkpoint names (``midlayer.*``, ``fc``, ``d2t``...)."""
-        m = "midlayer."
-        sd = {
-            "fc.weight": self.fc.weight,
-            m + "hidden_norm.weight": self.hidden_norm.weight,
-            m + "input_layernorm.weight": self.input_layernorm.weight,
-            m + "post_attention_layernorm.weight": self.post_attention_layernorm.weight,
-            m + "self_attn.q_proj.weight": self.q_proj.weight,
-            m + "self_attn.k_proj.weight": self.k_proj.weight,
-            m + "self_attn.v_proj.weight": self.v_proj.weight,
-            m + "self_attn.o_proj.weight": self.o_proj.weight,
-            m + "mlp.gate_proj.weight": self.gate_proj.weight,
-            m + "mlp.up_proj.weight": self.up_proj.weight,
-            m + "mlp.down_proj.weight": self.down_proj.weight,
-            "norm.weight": self.norm.weight,
-            "lm_head.weight": self.lm_head.weight,
-        }
+        sd = eagle3_checkpoint_weights(self)
         sd = {k: v.detach().float().contiguous().clone() for k, v in sd.items()}
         sd["d2t"] = torch.zeros(self.cfg.vocab_size, dtype=torch.int64)
         sd["t2d"] = torch.ones(self.cfg.vocab_size, dtype=torch.bool)
@@ -397,9 +444,8 @@ class Eagle3Draft(nn.Module):
         for name in own:
             if name in ("d2t", "t2d"):
                 continue
-            key = name.replace("midlayer.", "").replace("self_attn.", "").replace("mlp.", "")
             with torch.no_grad():
-                mods[key].copy_(sd[name])
+                mods[eagle3_parameter_name(name)].copy_(sd[name])
 
     def save(self, out_dir: str) -> None:
         from safetensors.torch import save_file

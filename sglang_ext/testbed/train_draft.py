@@ -20,7 +20,14 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from sglang_ext.testbed.common import Example, collate, load_if_exists, lr_at, save_atomic
+from sglang_ext.testbed.common import (
+    Example,
+    collate,
+    load_if_exists,
+    lr_at,
+    save_atomic,
+    shift_step_labels,
+)
 from sglang_ext.testbed.modeling import IGNORE_INDEX, DraftConfig, Eagle3Draft, capture_features
 from sglang_ext.testbed.traces import Trace, load_traces
 
@@ -60,15 +67,7 @@ def ttt_labels(ids: torch.Tensor, labels: torch.Tensor, num_steps: int) -> List[
     >>> [t.tolist() for t in ttt_labels(lab.clamp(min=0), lab, 2)]
     [[[6, 7, -100]], [[7, -100, -100]]]
     """
-    B, S = ids.shape
-    out = []
-    for k in range(num_steps):
-        t = torch.full((B, S - 1), IGNORE_INDEX, dtype=torch.long)
-        shift = 2 + k
-        if S - shift > 0:
-            t[:, : S - shift] = labels[:, shift:]
-        out.append(t)
-    return out
+    return shift_step_labels(labels, num_steps, IGNORE_INDEX)  # ids: same shape as labels
 
 
 def draft_batch(traces: List[Trace], seed: int, step: int, batch_size: int,
