@@ -36,53 +36,22 @@ import os
 import pytest
 
 from engine_utils import hf_greedy, make_engine
+from trained_models import MODELS, hand_written_table, requires_trained_models
+from trained_models import held_out_prompts as _prompts
 
-MODELS_ENV = "SGLANG_EXT_TESTBED_MODELS"
-DEFAULT_MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "sglang_ext", "testbed", "models")
-MODELS = os.environ.get(MODELS_ENV) or DEFAULT_MODELS
-PROBLEM_SEED = 2026
 MAX_NEW = 256
-TIERS = (0.25, 0.5, 0.75, 1.0)
 FULL = 1.0
 CONFIGURED = 0.0  # dcut_force_ratio 0 / dcut_force_draft_off 0: back to the configured choice
 PARAGRAPH = 6  # "\n\n" in the project tokenizer
 SPECEXIT_OFF = {"specexit_enable": False}
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW}
 
-pytestmark = pytest.mark.skipif(
-    not (os.path.isdir(os.path.join(MODELS, "target")) and os.path.isdir(os.path.join(MODELS, "draft"))),
-    reason=f"trained testbed models not found in {MODELS} (set {MODELS_ENV} to use another directory)")
-
-
-def _problems(n):
-    import sys
-
-    bench = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    from specexit_eval import held_out_problems
-
-    return held_out_problems(n, PROBLEM_SEED)
-
-
-def _prompts(n):
-    from transformers import AutoTokenizer
-
-    from sglang_ext.testbed import task
-
-    tok = AutoTokenizer.from_pretrained(os.path.join(MODELS, "target"))
-    return [tok.encode(task.prompt_text(p["question"], True), add_special_tokens=False) for p in _problems(n)]
+pytestmark = requires_trained_models
 
 
 def _table_file(path, n, topk, steps):
     """Tier costs grow with the tier; the draft-off step is dear at bs 1 and cheap from bs 2 on."""
-    from sglang_ext.dcut import CostTable, CostTableKey
-
-    key = CostTableKey("hand-written", "hand-written", "cpu", 1, "float32", n, topk, steps, "torch_sdpa", 64,
-                       "0.5.23", "test")
-    CostTable.build(key, [1, 16, 64], [[10, 20, 30, 40], [12, 24, 36, 48], [20, 40, 60, 80]],
-                    tiers=TIERS, off_ms=[50, 1, 2]).save(path)
-    return path
+    return hand_written_table(path, n, topk, steps, off_ms=[50, 1, 2])
 
 
 def _launch(tmp, topk, steps, n):
