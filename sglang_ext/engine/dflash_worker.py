@@ -2,7 +2,7 @@
 DFLASH --dcut ...``).
 
 D-Cut on DFlash blocks lives in :mod:`sglang_ext.engine.dcut.dflash` (the runner, the confidence
-sampler, the candidate poisoning); this class only routes SGLang's worker methods to it.
+sampler, the candidate poisoning and the sampled-accept cap); this class only routes SGLang's worker methods to it.
 """
 
 from __future__ import annotations
@@ -10,15 +10,18 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+import sglang.srt.speculative.dflash_worker_v2 as _dflash_v2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _DflashDraftSampler
 
 from sglang_ext.config import get_extension_config
 from sglang_ext.engine.dcut.dflash import (
     ConfidenceDraftSampler,
     DFlashDCutRunner,
+    clamp_to_kept_prefix,
     eager_head_confidences,
     poison_candidates,
     restore_out_tokens,
+    uses_sampled_accept,
 )
 
 logger = logging.getLogger(__name__)
@@ -69,6 +72,12 @@ class ExtDFlashWorker(DFlashWorkerV2):
                       prefix_lens=prefix_lens, bs=bs, target_predict=target_predict)
         if prune is None:
             return super()._accept_block(candidates=candidates, **kwargs)
+        if uses_sampled_accept(sampling_info, target_predict):
+            # speculative sampling on the full chain, capped at the kept prefix (exact in distribution)
+            accept_len, _, bonus, _, _ = super()._accept_block(candidates=candidates, **kwargs)
+            accept_len, bonus = clamp_to_kept_prefix(candidates, accept_len, bonus, prune.keep_lens)
+            out_tokens, commit_lens = _dflash_v2._commit_accept(candidates, accept_len, bonus)
+            return accept_len, commit_lens, bonus, out_tokens, None  # None: SGLang recomputes new_seq_lens
         poisoned = poison_candidates(candidates, prune.keep_lens)
         accept_len, commit_lens, bonus, out_tokens, new_seq_lens = super()._accept_block(candidates=poisoned, **kwargs)
         restore_out_tokens(out_tokens, candidates, commit_lens)

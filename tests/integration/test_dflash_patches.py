@@ -56,6 +56,27 @@ def test_dflash_worker_targets():
     assert "compute_dflash_correct_drafts_and_bonus(" in acc and "_compute_dflash_accept_bonus_triton_unchecked(" in acc
 
 
+def test_dflash_sampled_accept_target():
+    """The sampled branch of ``_accept_block`` that a pruned sampled step caps (``clamp_to_kept_prefix``):
+    its condition, the target-only chain speculative sampling it calls (point-mass draft: zero draft
+    probabilities), the commit helper the cap re-runs, and the caller's recompute of ``new_seq_lens``."""
+    import sglang.srt.speculative.dflash_utils as u
+    import sglang.srt.speculative.dflash_worker_v2 as m
+
+    acc = inspect.getsource(m.DFlashWorkerV2._accept_block)
+    assert "not _is_all_greedy(sampling_info) and is_dflash_sampling_verify_available()" in acc
+    assert "target_predict is None and" in acc and "compute_dflash_sampling_correct_drafts_and_bonus(" in acc
+    assert callable(m.is_dflash_sampling_verify_available)
+    spec = inspect.getsource(u.compute_dflash_sampling_correct_drafts_and_bonus)
+    assert "draft_probs = torch.zeros_like(target_probs)" in spec
+    assert "tree_speculative_sampling_target_only(" in spec
+    assert _params(m._commit_accept) == ["candidates", "accept_len", "bonus_tokens"]
+    out, commit = m._commit_accept(torch.tensor([[5, 6, 7, 8]]), torch.tensor([1]), torch.tensor([9]))
+    assert out.tolist() == [[6, 9, 8, 0]] and commit.tolist() == [2]
+    fwd = inspect.getsource(m.DFlashWorkerV2.forward_batch_generation)
+    assert "if new_seq_lens is None:\n                new_seq_lens = prefix_lens + commit_lens" in fwd
+
+
 def test_dflash_draft_sampler_target():
     from sglang.srt.speculative.dflash_worker_v2 import _DflashDraftSampler
 

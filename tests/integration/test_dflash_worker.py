@@ -3,10 +3,11 @@
 ``DFlashWorkerV2`` cannot run on the CPU testbed (see the module docstring of
 ``sglang_ext.engine.dcut.dflash``), so the worker's D-Cut path is exercised piece by piece with
 the real SGLang objects it touches: ``DFlashVerifyInput``, ``_DflashDraftSampler``,
-``DFlashWorkerV2._accept_block`` (greedy, torch path), ``RaggedVerifyLayout``, the project's
-compacted-forward interceptor, and the torch attention backend's TARGET_VERIFY planner driving a
-one-layer attention target with a real KV pool. The lossless check compares the pruned step with
-the unpruned step of the same target.
+``DFlashWorkerV2._accept_block`` (greedy torch path; its sampled branch with a stand-in for the
+CUDA-only sampling kernel), ``RaggedVerifyLayout``, the project's compacted-forward interceptor, and
+the torch attention backend's TARGET_VERIFY planner driving a one-layer attention target with a real
+KV pool. The lossless check compares the pruned step with the unpruned step of the same target; the
+sampled check is statistical (tolerance in ``test_sampled_accept_cut_is_exact_in_distribution``).
 
 Budget: < 120 s (SGLang import ~30 s on the loaded 2-core machine; every case is small).
 """
@@ -30,7 +31,6 @@ from sglang_ext.engine.attention.torch_sdpa import TorchSDPABackend
 from sglang_ext.engine.attention.torch_sdpa_plan import run_plan
 from sglang_ext.engine.dcut.dflash import (
     NO_TOKEN,
-    SAMPLING_EXEMPTION,
     ConfidenceDraftSampler,
     DFlashDCutRunner,
     DFlashPrune,
@@ -239,11 +239,17 @@ def test_plan_exemptions_sampling_and_uncaptured():
     # width = tier width of the 2 prunable requests + the exempt block
     assert decision.padded_tokens == math.ceil(2 * n * 0.25) + n
 
+    # sampled batches are pruned like greedy ones (no whole-step exemption): same confidences, same cut
+    greedy_all = SimpleNamespace(seq_lens=seq_lens, sampling_info=None, reqs=[_req() for _ in range(bs)],
+                                 return_logprob=False)
+    _, greedy_prune = runner.plan(worker, greedy_all, vi)
     sampled = SimpleNamespace(seq_lens=seq_lens, sampling_info=SimpleNamespace(is_all_greedy=False),
                               reqs=[_req() for _ in range(bs)], return_logprob=False)
     decision, prune = runner.plan(worker, sampled, vi)
-    assert prune is None and decision.verified_tokens == bs * n
-    assert runner.metrics.exempt_requests[SAMPLING_EXEMPTION] == bs
+    assert prune is not None and decision.exempt_requests == 0
+    assert prune.keep_lens.tolist() == greedy_prune.keep_lens.tolist() and int(prune.keep_lens.sum()) < bs * (n - 1)
+    assert decision.verified_tokens < bs * n
+    assert "sampling" not in runner.metrics.exempt_requests
 
     runner.state = DFlashStepState(batch=None, eager_ran=True, eager_conf=None)  # quantized head: no confidences
     greedy = SimpleNamespace(seq_lens=seq_lens, sampling_info=None, reqs=[_req() for _ in range(bs)],
@@ -432,3 +438,126 @@ def test_plugin_selects_dflash_worker_only_with_dcut():
     assert select_worker_class(DFlashWorkerV2, sa) is ExtDFlashWorker
     attach_extension_config(sa, ExtensionConfig(specexit=SpecExitConfig(), dcut=DCutConfig(mode="off")))
     assert select_worker_class(DFlashWorkerV2, sa) is DFlashWorkerV2
+
+
+# ----------------------------------------------------------------------------- sampled accept
+def _chain_speculative_sampling(*, candidates, next_token_logits, sampling_info, max_top_k=None,
+                                uniform_top_k_value=None):
+    """Test stand-in for SGLang's CUDA-only sampled DFlash accept (written from the algorithm):
+    speculative sampling of a chain against a point-mass (greedy) draft. Draft ``j`` is accepted
+    with probability ``p_{j-1}(x_j)``; at the first rejection the token is drawn from ``p`` without
+    the rejected draft; after a full run it is drawn from the last row."""
+    bs, n = candidates.shape  # candidates: [bs, n]; next_token_logits: [bs * n, vocab]
+    p = torch.softmax(next_token_logits.double(), dim=-1).view(bs, n, -1)
+    px = p[:, :-1].gather(2, candidates[:, 1:, None].long()).squeeze(2)  # [bs, n - 1]
+    coins = torch.rand(bs, n - 1, dtype=torch.float64, generator=_SAMPLING_GEN)
+    accept_len = torch.cumprod((coins < px).long(), dim=1).sum(dim=1)  # [bs]
+    rows = torch.arange(bs)
+    row = p[rows, accept_len].clone()  # [bs, vocab]
+    rejected = accept_len < n - 1
+    nxt = candidates[rows, (accept_len + 1).clamp(max=n - 1)].long()
+    row[rows[rejected], nxt[rejected]] = 0.0
+    bonus = torch.multinomial(row / row.sum(dim=1, keepdim=True), 1, generator=_SAMPLING_GEN).squeeze(1)
+    return accept_len, bonus
+
+
+_SAMPLING_GEN = torch.Generator()
+
+
+def _sampled_run(monkeypatch, keep_values, trials, seed):
+    """One sampled accept over ``len(keep_values) * trials`` requests sharing a target and draft chain.
+
+    Returns (committed tokens [rows, n], commit_lens [rows], keep_lens [rows], drafts [n - 1],
+    target rows [n, vocab])."""
+    import sglang.srt.speculative.dflash_worker_v2 as v2
+
+    monkeypatch.setattr(v2, "is_dflash_sampling_verify_available", lambda: True)
+    monkeypatch.setattr(v2, "compute_dflash_sampling_correct_drafts_and_bonus", _chain_speculative_sampling)
+    _SAMPLING_GEN.manual_seed(seed)
+    n, vocab = 4, 5
+    drafts = torch.tensor([2, 0, 3])  # x_1..x_3 (the greedy draft's chain)
+    # target row t = p(. | anchor, x_1..x_t); each draft has target probability 0.6
+    target = torch.tensor([[0.10, 0.10, 0.60, 0.15, 0.05],
+                           [0.60, 0.20, 0.05, 0.10, 0.05],
+                           [0.05, 0.15, 0.10, 0.60, 0.10],
+                           [0.30, 0.25, 0.20, 0.15, 0.10]], dtype=torch.float64)  # [n, vocab]
+    keep = torch.tensor(keep_values).repeat_interleave(trials)  # [rows]
+    rows = keep.shape[0]
+    cand = torch.cat([torch.full((rows, 1), 4), drafts.expand(rows, n - 1)], dim=1)  # [rows, n]
+    logits = target.log().float().expand(rows, n, vocab).clone()  # [rows, n, vocab]
+    pruned = torch.arange(n).unsqueeze(0) > keep.unsqueeze(1)  # rows the compacted verify left out
+    logits[pruned] = 0.0  # scattered back as zeros
+    w = _accept_worker(DFlashPrune(keep_lens=keep, compact=None), n)
+    info = SimpleNamespace(is_all_greedy=False)
+    acc, commit, bonus, out, new_lens = w._accept_block(
+        candidates=cand, next_token_logits=logits.view(rows * n, vocab), sampling_info=info,
+        draft_input=SimpleNamespace(max_top_k=None, uniform_top_k_value=None), prefix_lens=torch.zeros(rows),
+        bs=rows)
+    assert new_lens is None and commit.tolist() == (acc + 1).tolist()
+    return out, commit, keep, drafts, target
+
+
+def _worst_tv(out, commit, keep, drafts, target):
+    """Largest total-variation distance, over (kept length k, position t <= k), between the empirical
+    distribution of committed token t given committed tokens x_1..x_t and the target row t; with the
+    smallest sample count behind it."""
+    worst, fewest = 0.0, None
+    for k in sorted(set(keep.tolist())):
+        sel = keep == k
+        o, c = out[sel], commit[sel]
+        for t in range(k + 1):
+            prefix_ok = (o[:, :t] == drafts[:t]).all(dim=1)
+            assert bool((c[prefix_ok] > t).all())  # a committed draft prefix is always followed by a token
+            tokens = o[prefix_ok, t]
+            emp = torch.bincount(tokens, minlength=target.shape[1]).double() / tokens.numel()
+            worst = max(worst, 0.5 * float((emp - target[t]).abs().sum()))
+            fewest = tokens.numel() if fewest is None else min(fewest, tokens.numel())
+    return worst, fewest
+
+
+def test_sampled_accept_cut_is_exact_in_distribution(monkeypatch):
+    """Sampled requests cut to ``k`` kept drafts commit target samples.
+
+    Tiny chain (block 4, vocabulary 5, each draft with target probability 0.6), kept lengths
+    k = 0..3, 20 000 requests each, seed 0. For every k and position t <= k the committed token t
+    (given that tokens 1..t are the drafts) must follow target row t: total-variation distance
+    <= 0.035 (each conditional has >= 4 000 samples, whose expected TV is ~0.012). Pruned rows carry
+    zero logits as after the compacted verify. Control: capping the accept without the bonus fix
+    (keeping the kernel's bonus from a later row) breaks the bound.
+    """
+    out, commit, keep, drafts, target = _sampled_run(monkeypatch, [0, 1, 2, 3], 20000, seed=0)
+    # pruned: nothing past the kept prefix is committed, and the cut does bind
+    assert bool((commit <= keep + 1).all())
+    for k in (0, 1, 2):
+        assert bool((commit[keep == k] == k + 1).any())
+    worst, fewest = _worst_tv(out, commit, keep, drafts, target)
+    assert fewest >= 4000, fewest
+    assert worst <= 0.035, worst
+
+    def naive_cap(candidates, accept_len, bonus, keep_lens):  # wrong: bonus drawn from a pruned row
+        return torch.minimum(accept_len, keep_lens.to(accept_len.dtype)), bonus
+
+    import sglang_ext.engine.dflash_worker as ext
+
+    monkeypatch.setattr(ext, "clamp_to_kept_prefix", naive_cap)
+    out, commit, keep, drafts, target = _sampled_run(monkeypatch, [0, 1, 2, 3], 20000, seed=0)
+    worst_naive, _ = _worst_tv(out, commit, keep, drafts, target)
+    assert worst_naive > 0.1, worst_naive
+
+
+def test_sampled_batch_without_kernel_uses_poisoned_greedy_accept(monkeypatch):
+    """Without the sampling kernel (CPU, NPU) SGLang accepts a sampled batch by target argmax; the
+    pruned step then takes the poisoned-candidate path and stops at the kept prefix."""
+    import sglang.srt.speculative.dflash_worker_v2 as v2
+
+    monkeypatch.setattr(v2, "is_dflash_sampling_verify_available", lambda: False)
+    block, vocab = 4, 10
+    target = torch.tensor([[1, 2, 3, 4]])  # target argmax per row
+    cand = torch.tensor([[7, 1, 2, 3]])  # the target would accept all 3 drafts
+    logits = torch.nn.functional.one_hot(target.reshape(-1), vocab).float()
+    w = _accept_worker(DFlashPrune(keep_lens=torch.tensor([1]), compact=None), block)
+    acc, commit, bonus, out, _ = w._accept_block(
+        candidates=cand, next_token_logits=logits, sampling_info=SimpleNamespace(is_all_greedy=False),
+        draft_input=None, prefix_lens=torch.tensor([5]), bs=1)
+    assert acc.tolist() == [1] and bonus.tolist() == [2] and out[0, :2].tolist() == [1, 2]
+    assert not dw.uses_sampled_accept(SimpleNamespace(is_all_greedy=False), None)

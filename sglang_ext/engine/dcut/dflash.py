@@ -8,18 +8,22 @@ a per-request prefix cut (docs/algorithms.md#d-cut-on-dflash-blocks)::
 
     draft forward (full block, unchanged)
       -> confidence of each proposed token c[b, j] = softmax(lm_head(h[b, j]))[draft[b, j]]
-         (the draft proposes the argmax, so c is the max-softmax; computed from the same logits
-          inside the draft graph: ConfidenceDraftSampler, or after the eager greedy head)
+         (the draft proposes the argmax, so c is the max-softmax, i.e. q_draft(x_j) of the token it
+          proposes, for greedy and sampled requests alike; computed from the same logits inside the
+          draft graph: ConfidenceDraftSampler, or after the eager greedy head)
       -> survival s[b, j] = prod_{t <= j} c[b, t]                sglang_ext.dcut.chain_survival
-      -> exemptions (grammar, logprobs, penalties: full block; sampled batches: full step)
+      -> exemptions (grammar, logprobs, penalties: full block)
       -> tier + global top-K -> keep_lens[b] (kept drafts)       sglang_ext.dcut.choose
       -> agree on (keep, tier) across TP ranks                    runner.agree_across_ranks
       -> target verify forward over the kept prefixes only, ragged rows padded to the tier width
          (runner.TargetForwardInterceptor; logits and hidden states scattered back to
           the strided [bs * N] layout, pruned rows 0)
-      -> SGLang's own accept (greedy), with every draft past a request's kept prefix replaced by
-         NO_TOKEN in a copy of the candidates, so acceptance stops at keep_lens[b]; the bonus is
-         the target's argmax at the last accepted row, which is always a kept row
+      -> SGLang's own accept, capped at keep_lens[b]:
+         greedy (argmax) accept: every draft past a request's kept prefix replaced by NO_TOKEN in a
+           copy of the candidates, so acceptance stops at keep_lens[b]; the bonus is the target's
+           argmax at the last accepted row, which is always a kept row
+         sampled accept (SGLang's target-only speculative sampling, used when a request samples and
+           the build has the kernel): the unmodified candidates, then clamp_to_kept_prefix
       -> commit and draft-KV materialization: unchanged (they read only rows < commit_lens)
 
 Worked example (bs = 2, N = 4, fixed tier 0.5 -> width ceil(2 * 4 * 0.5) = 4 rows)::
@@ -33,7 +37,21 @@ Worked example (bs = 2, N = 4, fixed tier 0.5 -> width ceil(2 * 4 * 0.5) = 4 row
 
 Greedy output is therefore identical to the unpruned worker's (a pruned draft can only be
 accepted after every kept draft before it was; cutting it only ends the run earlier, and the bonus
-is the same target argmax). KV: kept rows write their own window slots, pruned slots are never
+is the same target argmax).
+
+Sampled requests stay exact in distribution. DFlash's draft is deterministic (greedy head), and
+SGLang's sampled accept is chain speculative sampling against that point-mass proposal: draft
+``x_j`` is accepted with probability ``p_{j-1}(x_j)`` (target row ``j - 1``), on rejection the
+committed token is drawn from ``p_{j-1}`` without ``x_j``. Every decision up to draft ``k + 1``
+reads only rows ``0..k``. With ``k = keep_lens[b]`` kept drafts, :func:`clamp_to_kept_prefix` turns
+"accepted ``x_{k+1}`` (and maybe more)" into "stop at ``k``, bonus ``x_{k+1}``": the token at
+position ``k`` is then ``x_{k+1}`` with probability ``p_k(x_{k+1})`` and any other ``y`` with
+probability ``(1 - p_k(x_{k+1})) * p_k(y) / (1 - p_k(x_{k+1})) = p_k(y)``, i.e. a draw from
+``p_k``, exactly what speculative sampling on the chain cut to ``k`` drafts commits. Runs that stop
+before ``k`` are untouched. Pruned rows carry zero logits (uniform target rows): the kernel may
+read them past ``k + 1``, and what it decides there is discarded by the clamp. Poisoning with
+``NO_TOKEN`` is not used on this path (the kernel indexes the target probabilities with the
+candidate ids). KV: kept rows write their own window slots, pruned slots are never
 written and lie past every committed length (over-allocation that the request's release frees);
 nothing is allocated or freed here.
 
@@ -52,9 +70,8 @@ runners; ``profiler.obtain_cost_table`` times full steps of this worker through
 ``DCutRunner.forced_ratio``).
 
 Not pruned (full verification, counted in the metrics): requests with a grammar, logprobs,
-penalties/logit bias/min_new_tokens (per request, as for EAGLE3); batches with any sampled
-(non-greedy) request (whole step, exemption ``"sampling"``: DFlash's sampled verification needs
-every draft row); DFlash selector / LiLiCorr / Domino drafters, simulated acceptance
+penalties/logit bias/min_new_tokens (per request, as for EAGLE3); DFlash selector / LiLiCorr /
+Domino drafters, simulated acceptance
 (``SGLANG_SIMULATE_ACC_LEN``), pipeline parallelism, adaptive spec, hybrid (mamba) targets and DP
 attention (D-Cut disabled for the server with a warning).
 
@@ -115,7 +132,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "NO_TOKEN",
-    "SAMPLING_EXEMPTION",
     "DFlashDCutRunner",
     "DFlashPrune",
     "ConfidenceDraftSampler",
@@ -123,14 +139,14 @@ __all__ = [
     "combine_shard_stats",
     "head_confidences",
     "poison_candidates",
+    "clamp_to_kept_prefix",
+    "uses_sampled_accept",
     "restore_out_tokens",
     "graph_ineligible_width",
 ]
 
 NO_TOKEN = -1
 """Candidate id past a request's kept prefix: never equals a target argmax (ids are >= 0)."""
-SAMPLING_EXEMPTION = "sampling"
-"""Metrics key: requests of sampled (non-greedy) batches, verified in full."""
 
 
 # ----------------------------------------------------------------------------- confidences
@@ -343,6 +359,44 @@ def restore_out_tokens(
     return out_tokens
 
 
+def clamp_to_kept_prefix(
+    candidates: torch.Tensor,  # [batch_size, block_size], column 0 = anchor
+    accept_len: torch.Tensor,  # [batch_size] drafts accepted by the sampled accept
+    bonus: torch.Tensor,  # [batch_size] token committed after the accepted drafts
+    keep_lens: torch.Tensor,  # [batch_size] kept drafts per request
+) -> Tuple[torch.Tensor, torch.Tensor]:  # ([batch_size] accept_len, [batch_size] bonus), new tensors
+    """Cap a sampled (speculative-sampling) accept at each request's kept prefix.
+
+    Where ``accept_len[b] > keep_lens[b]`` the request accepted draft ``keep_lens[b] + 1``, so the
+    cut run stops at ``keep_lens[b]`` with that draft as its bonus (a draw from the target row
+    ``keep_lens[b]``; see the module docstring). Other requests are returned unchanged.
+
+    Examples
+    --------
+    >>> cand = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]])
+    >>> acc, bon = clamp_to_kept_prefix(cand, torch.tensor([3, 0]), torch.tensor([9, 9]), torch.tensor([1, 2]))
+    >>> acc.tolist(), bon.tolist()
+    ([1, 0], [7, 9])
+    """
+    keep = keep_lens.to(device=accept_len.device, dtype=accept_len.dtype)
+    over = accept_len > keep  # [batch_size]
+    rows = torch.arange(candidates.shape[0], device=candidates.device)
+    next_draft = candidates[rows, (keep.to(torch.int64) + 1).clamp(max=candidates.shape[1] - 1)]  # [batch_size]
+    new_bonus = torch.where(over, next_draft.to(bonus.dtype), bonus)
+    return torch.where(over, keep, accept_len), new_bonus
+
+
+def uses_sampled_accept(sampling_info: Any, target_predict: Optional[torch.Tensor]) -> bool:
+    """Whether ``DFlashWorkerV2._accept_block`` takes its sampled (speculative-sampling) branch.
+
+    SGLang takes it for a non-greedy batch with no precomputed argmax when the build has the
+    sampling kernel; otherwise it accepts by target argmax (the greedy branch).
+    """
+    if target_predict is not None or sampling_info is None or sampling_info.is_all_greedy:
+        return False
+    return bool(_dflash_v2.is_dflash_sampling_verify_available())
+
+
 # ----------------------------------------------------------------------------- the runner
 @dataclass
 class DFlashPrune:
@@ -385,7 +439,6 @@ class DFlashDCutRunner(DCutRunner):
 
     def __init__(self, worker: Any, cfg: Any):
         super().__init__(worker, cfg)
-        self.metrics.exempt_requests.setdefault(SAMPLING_EXEMPTION, 0)
         if self.unsupported is None:
             self.unsupported = dflash_unsupported_reason(worker)
             if self.unsupported is not None:
@@ -416,10 +469,6 @@ class DFlashDCutRunner(DCutRunner):
         n = self.num_draft_tokens
         if self.unsupported is not None or bs == 0:
             return StepDecision.full(bs, n), None
-        sampling_info = getattr(batch, "sampling_info", None)
-        if sampling_info is not None and not sampling_info.is_all_greedy:
-            self.metrics.exempt_requests[SAMPLING_EXEMPTION] += bs
-            return StepDecision.full(bs, n, bs), None
         device = verify_input.draft_token.device
 
         def step_scores():
