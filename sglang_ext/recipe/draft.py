@@ -39,10 +39,10 @@ from torch import nn
 from sglang_ext.recipe.features import draft_layer_ids
 from sglang_ext.testbed.modeling import (
     RMSNorm,
-    apply_rope,
     eagle3_checkpoint_weights,
+    eagle3_layer_output,
     eagle3_parameter_name,
-    rope_cos_sin,
+    eagle3_qkv,
     ttt_chain_attention,
 )
 
@@ -218,27 +218,13 @@ class Eagle3DraftModel(nn.Module):
     def _qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """tokens ``# [B, S]``, hidden ``# [B, S, H]``, positions ``# [B, S]`` -> q, k, v
         ``# [B, heads, S, head_dim]`` (k, v expanded to the query heads)."""
-        B, S = tokens.shape
         sp = self.spec
-        e = self.input_layernorm(F.embedding(tokens, self.embed_weight))
-        x = torch.cat([e, self.hidden_norm(hidden)], dim=-1)
-        q = self.q_proj(x).view(B, S, sp.num_heads, sp.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, S, sp.num_kv_heads, sp.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, sp.num_kv_heads, sp.head_dim).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, sp.head_dim, sp.rope_theta)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        rep = sp.num_heads // sp.num_kv_heads
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        return q, k, v
+        return eagle3_qkv(self, tokens, hidden, positions, sp.num_heads, sp.num_kv_heads, sp.head_dim,
+                          sp.rope_theta)
 
     def _finish(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """attn ``# [B, heads, S, head_dim]``, residual ``# [B, S, H]`` -> g ``# [B, S, H]``."""
-        B, _, S, _ = attn.shape
-        residual = residual + self.o_proj(attn.transpose(1, 2).reshape(B, S, -1))
-        h = self.post_attention_layernorm(residual)
-        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)) + residual
+        return eagle3_layer_output(self, attn, residual)
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """``# [..., H]`` -> draft-vocabulary logits ``# [..., draft_vocab_size]``."""

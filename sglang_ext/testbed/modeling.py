@@ -185,6 +185,42 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rot * sin.unsqueeze(1)
 
 
+def eagle3_qkv(draft: nn.Module, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+               num_heads: int, num_kv_heads: int, head_dim: int, rope_theta: float):
+    """Query, key and value of a one-layer EAGLE3 draft (the testbed's or the recipe's: same
+    attribute names): ``cat(input_layernorm(embed(tokens)), hidden_norm(hidden))``, projected,
+    RoPE on q and k, k and v expanded to the query heads.
+
+    tokens ``# [B, S]``, hidden ``# [B, S, H]``, positions ``# [B, S]`` -> q, k, v
+    ``# [B, num_heads, S, head_dim]``.
+    """
+    B, S = tokens.shape
+    e = draft.input_layernorm(F.embedding(tokens, draft.embed_weight))
+    x = torch.cat([e, draft.hidden_norm(hidden)], dim=-1)
+    q = draft.q_proj(x).view(B, S, num_heads, head_dim).transpose(1, 2)
+    k = draft.k_proj(x).view(B, S, num_kv_heads, head_dim).transpose(1, 2)
+    v = draft.v_proj(x).view(B, S, num_kv_heads, head_dim).transpose(1, 2)
+    cos, sin = rope_cos_sin(positions, head_dim, rope_theta)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    rep = num_heads // num_kv_heads
+    if rep > 1:
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    return q, k, v
+
+
+def eagle3_layer_output(draft: nn.Module, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """The rest of the EAGLE3 draft layer after attention: ``residual += o_proj(attn)``, then
+    ``mlp(post_attention_layernorm(residual)) + residual``.
+
+    attn ``# [B, heads, S, head_dim]``, residual ``# [B, S, H]`` -> g ``# [B, S, H]`` (pre-norm).
+    """
+    B, _, S, _ = attn.shape
+    residual = residual + draft.o_proj(attn.transpose(1, 2).reshape(B, S, -1))
+    h = draft.post_attention_layernorm(residual)
+    return draft.down_proj(F.silu(draft.gate_proj(h)) * draft.up_proj(h)) + residual
+
+
 def ttt_chain_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor,
                         chain_k: List[torch.Tensor], chain_v: List[torch.Tensor],
                         causal: torch.Tensor, scale: float) -> torch.Tensor:
@@ -353,24 +389,12 @@ class Eagle3Draft(nn.Module):
 
     def _qkv(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """tokens ``# [B, S]``, hidden ``# [B, S, H]``, positions ``# [B, S]``."""
-        B, S = tokens.shape
-        nh, hd = self.cfg.num_heads, self.cfg.head_dim
-        e = self.input_layernorm(F.embedding(tokens, self.embed_weight))
-        x = torch.cat([e, self.hidden_norm(hidden)], dim=-1)
-        q = self.q_proj(x).view(B, S, nh, hd).transpose(1, 2)
-        k = self.k_proj(x).view(B, S, nh, hd).transpose(1, 2)
-        v = self.v_proj(x).view(B, S, nh, hd).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, hd, self.cfg.rope_theta)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        c = self.cfg
+        return eagle3_qkv(self, tokens, hidden, positions, c.num_heads, c.num_heads, c.head_dim, c.rope_theta)
 
     def _finish(self, attn: torch.Tensor, residual: torch.Tensor):
         """attn ``# [B, heads, S, head_dim]``, residual ``# [B, S, H]`` -> (logits, g)."""
-        B, _, S, _ = attn.shape
-        a = self.o_proj(attn.transpose(1, 2).reshape(B, S, -1))
-        residual = residual + a
-        h = self.post_attention_layernorm(residual)
-        m = self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-        g = m + residual
+        g = eagle3_layer_output(self, attn, residual)
         return self.lm_head(self.norm(g)), g
 
     def ttt_forward(self, input_ids: torch.Tensor, features: torch.Tensor, num_steps: int):
