@@ -57,7 +57,6 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from sglang_ext.dcut.tiers import DEFAULT_TIERS, tier_keep_counts
-from sglang_ext.dcut.tree import PAD_INDEX
 
 logger = logging.getLogger(__name__)
 
@@ -1153,10 +1152,6 @@ def around_dflash_verify_mask_policy(original_fn, attn_backend, *args, **kwargs)
     return name, BASE_CLASS_NAME not in dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
 
 
-def _dflash_hook_registered(HookRegistry) -> bool:
-    return any(h is around_dflash_verify_mask_policy for _, h, _ in HookRegistry._hooks.get(HOOK_DFLASH_MASK_POLICY, ()))
-
-
 def register(*, apply_hooks: bool = False) -> bool:
     """Register ``flashinfer_dcut`` in SGLang's attention registry and its DFlash hook (idempotent).
 
@@ -1171,16 +1166,8 @@ def register(*, apply_hooks: bool = False) -> bool:
     ok, why = flashinfer_available()
     if not ok:
         logger.debug("%s registered but not buildable here: %s", BACKEND_NAME, why)
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
-    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_ext.engine.attention.registry import register_backend
 
-    if ATTENTION_BACKENDS.get(BACKEND_NAME) is not _create_backend:
-        register_attention_backend(BACKEND_NAME)(_create_backend)
-    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([BACKEND_NAME])
-    if not _dflash_hook_registered(HookRegistry):
-        HookRegistry.register(HOOK_DFLASH_MASK_POLICY, around_dflash_verify_mask_policy, HookType.AROUND)
-    if apply_hooks:
-        HookRegistry.apply_hooks()
+    register_backend(BACKEND_NAME, _create_backend, [(HOOK_DFLASH_MASK_POLICY, around_dflash_verify_mask_policy)],
+                     apply_hooks=apply_hooks)
     return ok

@@ -472,10 +472,6 @@ def around_create_backend(
     return original_fn(self, backend_name, backend_map, error_template, stamps_children=stamps_children)
 
 
-def _hook_registered(HookRegistry) -> bool:
-    return any(hook is around_create_backend for _, hook, _ in HookRegistry._hooks.get(HOOK_DRAFT_BACKEND_FACTORY, ()))
-
-
 def register(*, apply_hooks: bool = False) -> None:
     """Make ``torch_sdpa`` usable by SGLang in this process (idempotent).
 
@@ -492,15 +488,7 @@ def register(*, apply_hooks: bool = False) -> None:
     >>> ATTENTION_BACKENDS["torch_sdpa"] is create_torch_sdpa_backend  # doctest: +SKIP
     True
     """
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
-    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_ext.engine.attention.registry import register_backend
 
-    if ATTENTION_BACKENDS.get(BACKEND_NAME) is not create_torch_sdpa_backend:
-        register_attention_backend(BACKEND_NAME)(create_torch_sdpa_backend)
-    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([BACKEND_NAME])
-    if not _hook_registered(HookRegistry):
-        HookRegistry.register(HOOK_DRAFT_BACKEND_FACTORY, around_create_backend, HookType.AROUND)
-    if apply_hooks:
-        HookRegistry.apply_hooks()
+    register_backend(BACKEND_NAME, create_torch_sdpa_backend, [(HOOK_DRAFT_BACKEND_FACTORY, around_create_backend)],
+                     apply_hooks=apply_hooks)
