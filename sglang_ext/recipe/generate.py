@@ -68,50 +68,117 @@ def prepare_cpu_testbed() -> bool:
     return True
 
 
+class TargetEngine:
+    """One ``sglang.Engine`` on the target for every generation pass of stage 2.
+
+    Every prompt of a call is submitted at once (SGLang keeps up to ``batch_size`` of them
+    running and queues the rest, so the batch stays full until the last ones); the progress
+    bar advances as each request finishes.  The caller's ``__main__`` must be import-safe
+    (SGLang spawns processes).
+    """
+
+    def __init__(self, target_dir: str, batch_size: int = 64, max_seq_len: int = 1024,
+                 engine_kwargs: Optional[Dict] = None, log=print):
+        cpu = prepare_cpu_testbed()
+        import sglang
+
+        import sglang_ext
+
+        sglang_ext.load()
+        kwargs: Dict = {}
+        if cpu:
+            from sglang_ext.engine.cpu.standins import CPU_ENGINE_KWARGS
+
+            kwargs.update(CPU_ENGINE_KWARGS)
+        kwargs.update(max_running_requests=batch_size,
+                      max_total_tokens=max(kwargs.get("max_total_tokens", 0), batch_size * max_seq_len + 64))
+        kwargs.update(engine_kwargs or {})
+        t0 = time.perf_counter()
+        self.engine = sglang.Engine(model_path=target_dir, **kwargs)
+        log(f"[generate] engine up in {time.perf_counter() - t0:.1f} s")
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling_params: Dict,
+                 desc: str = "generate", progress: bool = True) -> List[List[int]]:
+        """Output ids of each prompt (in the order given)."""
+        import asyncio
+
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompt_ids), desc=desc, unit="seq", disable=not progress)
+
+        async def one(ids):
+            out = await self.engine.async_generate(input_ids=list(ids), sampling_params=dict(sampling_params))
+            bar.update(1)
+            return list(out["output_ids"])
+
+        async def all_():
+            return await asyncio.gather(*(one(ids) for ids in prompt_ids))
+
+        try:
+            return self.engine.loop.run_until_complete(all_()) if prompt_ids else []
+        finally:
+            bar.close()
+
+    def greedy(self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, **kw) -> List[List[int]]:
+        """Greedy answers, stopping at the target's end-of-sequence token."""
+        return self.generate(prompt_ids, {"temperature": 0.0, "max_new_tokens": max_new_tokens}, **kw)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> "TargetEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def sglang_greedy(target_dir: str, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
                   batch_size: int = 64, progress: bool = True, engine_kwargs: Optional[Dict] = None,
                   log=print) -> List[List[int]]:
-    """Greedy answers (stopping at the target's EOS) of each prompt, through ``sglang.Engine``.
-
-    The caller's ``__main__`` must be import-safe (SGLang spawns processes).
-    """
-    from tqdm import tqdm
-
-    cpu = prepare_cpu_testbed()
-    import sglang
-
-    import sglang_ext
-
-    sglang_ext.load()
-    kwargs: Dict = {}
-    if cpu:
-        from sglang_ext.engine.cpu.standins import CPU_ENGINE_KWARGS
-
-        kwargs.update(CPU_ENGINE_KWARGS)
+    """Greedy answers (stopping at the target's EOS) of each prompt, one engine for the call."""
     longest = max(len(p) for p in prompt_ids) + max_new_tokens
-    kwargs.update(max_running_requests=batch_size,
-                  max_total_tokens=max(kwargs.get("max_total_tokens", 0), batch_size * longest + 64))
-    kwargs.update(engine_kwargs or {})
-    t0 = time.perf_counter()
-    engine = sglang.Engine(model_path=target_dir, **kwargs)
-    log(f"[generate] engine up in {time.perf_counter() - t0:.1f} s")
-    out: List[List[int]] = []
-    try:
-        order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
-        res: Dict[int, List[int]] = {}
-        chunks = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
-        bar = tqdm(total=len(order), desc="generate", unit="seq", disable=not progress)
-        for chunk in chunks:
-            outs = engine.generate(input_ids=[list(prompt_ids[i]) for i in chunk],
-                                   sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens})
-            for i, o in zip(chunk, outs):
-                res[i] = list(o["output_ids"])
-            bar.update(len(chunk))
-        bar.close()
-        out = [res[i] for i in range(len(prompt_ids))]
-    finally:
-        engine.shutdown()
+    with TargetEngine(target_dir, batch_size, longest, engine_kwargs, log) as eng:
+        return eng.greedy(prompt_ids, max_new_tokens, progress=progress)
+
+
+def pre_query_ids(tokenizer) -> List[int]:
+    """The chat template up to where the user's text starts (system prompt included)."""
+    mark = "\u2063QUERY\u2063"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": mark}], add_generation_prompt=False,
+                                         tokenize=False)
+    if mark not in text:
+        raise ValueError("the target's chat template does not place the user's text verbatim")
+    return tokenizer(text[: text.index(mark)], add_special_tokens=False)["input_ids"]
+
+
+def self_prompts(engine: TargetEngine, tokenizer, n: int, exclude: Sequence[str] = (),
+                 max_new_tokens: int = 96, temperature: float = 0.9, progress: bool = True) -> List[Prompt]:
+    """``n`` user questions written by the target itself, sampled after its chat template's
+    user header (nothing but the target: no external data).  Empty, too short, repeated and
+    excluded (held-out) texts are dropped, so fewer than ``n`` may come back.  Reproducible
+    as far as the engine's ``random_seed`` makes sampling reproducible; the texts are saved
+    with the sequences."""
+    head = pre_query_ids(tokenizer)
+    outs = engine.generate([head] * n, {"temperature": temperature, "max_new_tokens": max_new_tokens},
+                           desc="self prompts", progress=progress)
+    seen = {t.strip() for t in exclude}
+    out: List[Prompt] = []
+    for ids in outs:
+        text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+        if len(text) < 16 or text in seen:
+            continue
+        seen.add(text)
+        out.append(Prompt(f"self:{len(out)}", "self", text))
     return out
+
+
+def encode_conversation(tokenizer, turns: Sequence[str]) -> List[int]:
+    """Chat-templated ids of alternating user / assistant ``turns`` (a user turn last),
+    generation prompt added."""
+    msgs = [{"role": "user" if k % 2 == 0 else "assistant", "content": t} for k, t in enumerate(turns)]
+    text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def build_sequences(prompts: Dict[str, List[Prompt]], prompt_ids: Dict[str, List[List[int]]],

