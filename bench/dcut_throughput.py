@@ -45,8 +45,10 @@ Models: by default the trained testbed models (``sglang_ext/testbed/models/{targ
 thinking target + EAGLE3 draft) with held-out problems of the synthetic task through the chat
 template (thinking on); ``--models tiny`` uses the CPU testbed's tiny random models built under
 ``--models-dir`` with prompts from the distribution their draft was fitted on; ``--target`` /
-``--draft`` name any other pair (prompts: held-out problems when the target has the testbed's
-chat template, else the tiny-model prompts). On a shared CPU machine use ``OMP_NUM_THREADS=1``.
+``--draft`` name any other pair (prompts: a draft of the project's recipe, with its ``split.json``,
+brings its held-out prompts through the target's chat template, repeated to fill the largest batch,
+64 new tokens; otherwise held-out problems when the target has the testbed's chat template, else
+the tiny-model prompts). On a shared CPU machine use ``OMP_NUM_THREADS=1``.
 Run (the first is the D-Cut acceptance run: SGLang's documented 16-draft-token EAGLE tree, 3 steps,
 topk 4; the second the 15-step chain, where SGLang's adaptive mode runs too; the engine end to end
 is tested in ``tests/integration/test_bench_dcut_engine.py``)::
@@ -163,6 +165,8 @@ def _parse_args(argv=None):
 def _resolve_models(args):
     """(target, draft, prompt kind) from --target/--draft or --models."""
     if args.target and args.draft:
+        if os.path.isfile(os.path.join(args.draft, "split.json")):  # a draft of the project's recipe
+            return args.target, args.draft, "heldout"
         chat = os.path.isfile(os.path.join(args.target, "chat_template.jinja"))
         return args.target, args.draft, "problems" if chat else "corpus"
     kind = args.models or ("trained" if _trained_present() else "tiny")
@@ -179,6 +183,15 @@ def _resolve_models(args):
 
 
 def _prompts(target: str, kind: str, n: int, args) -> List[List[int]]:
+    if kind == "heldout":  # the recipe's held-out prompts (never trained on), repeated to fill the batch
+        from transformers import AutoTokenizer
+
+        from sglang_ext.recipe.data import read_split
+        from sglang_ext.recipe.generate import encode_prompts
+
+        held = read_split(os.path.join(args.draft, "split.json"))["heldout"]
+        ids = encode_prompts(AutoTokenizer.from_pretrained(target), held)
+        return [ids[i % len(ids)] for i in range(n)]
     if kind == "problems":  # held-out problems through the chat template, thinking on
         if os.path.join(REPO, "bench") not in sys.path:
             sys.path.insert(0, os.path.join(REPO, "bench"))
@@ -452,7 +465,7 @@ def run_bench(args) -> dict:
         os.environ[TIMING_ENV] = "1"
     target, draft, kind = _resolve_models(args)
     if args.max_new_tokens is None:
-        args.max_new_tokens = 128 if kind == "problems" else 64
+        args.max_new_tokens = 128 if kind == "problems" else 64  # heldout (a real pair): 64
     prompts = _prompts(target, kind, max(args.bs_list), args)
     args.max_prompt_len = max(len(p) for p in prompts)
     print(f"[dcut_throughput] target={target} draft={draft} prompts={kind} (max {args.max_prompt_len} tokens), "

