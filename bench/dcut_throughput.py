@@ -1144,7 +1144,13 @@ def main(argv=None):
             res = json.load(f)
         report(res, None)
         if args.what_if_table:
-            what_if_table(res, args.what_if_table)
+            from sglang_ext.dcut.cost_table import CostTableError
+
+            try:
+                what_if_table(res, args.what_if_table)
+            except CostTableError as e:
+                print(f"error: --what-if-table: {e}", file=sys.stderr)
+                return 2
         else:
             what_if(res, args.what_if_verify_scale)
         return None

@@ -140,3 +140,15 @@ def test_version2_table_replays_the_draft_off_step(tmp_path, capsys):
     res = _bench().what_if_table(json.load(open(RESULT)), path)
     _, e, _ = _expected(rec[64]["predicted"], 64, STEEP[-1])
     assert res[64]["predicted"]["draft_off_speedup"] == pytest.approx((64 / off[-1]) / (e[-1] / STEEP[-1][-1]))
+
+
+def test_invalid_table_is_one_line(tmp_path, capsys):
+    path = _table(tmp_path / "bad.json", FLAT)
+    with open(path) as f:
+        t = json.load(f)
+    t["created"] = "yesterday"
+    with open(path, "w") as f:
+        json.dump(t, f)
+    assert _bench().main(["--what-if", RESULT, "--what-if-table", path]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --what-if-table: ") and "ISO 8601" in err[0]
