@@ -61,7 +61,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="dtype of the saved weights (SGLang casts them to its --dtype)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                   help="torch threads of this process (stages 3-4; default: every core)")
+                   help="torch threads of this process and of stage 2's engine unless OMP_NUM_THREADS "
+                        "is set (default: every core)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--stop-after", choices=STAGES, default=None, help="stop after this stage")
     p.add_argument("--engine-kwargs", default="{}", help="JSON of extra sglang.Engine kwargs (stage 2)")
@@ -102,7 +103,7 @@ def _generate(args: argparse.Namespace, parts, progress: bool):
     max_plen = max(len(gen_mod.encode_conversation(tok, [p.text])) for p in every)
     max_seq = 2 * max_plen + 2 * args.max_new_tokens + 64
     with gen_mod.TargetEngine(args.target, args.gen_batch_size, max_seq, json.loads(args.engine_kwargs),
-                              _log) as eng:
+                              _log, threads=args.threads) as eng:
         own = []
         if args.self_prompts:
             own = gen_mod.self_prompts(eng, tok, args.self_prompts, [p.text for p in parts["heldout"]],

@@ -78,7 +78,9 @@ class TargetEngine:
     """
 
     def __init__(self, target_dir: str, batch_size: int = 64, max_seq_len: int = 1024,
-                 engine_kwargs: Optional[Dict] = None, log=print):
+                 engine_kwargs: Optional[Dict] = None, log=print, threads: Optional[int] = None):
+        if threads:  # torch threads of the engine's processes (the CPU testbed's default is 1)
+            os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         cpu = prepare_cpu_testbed()
         import sglang
 
