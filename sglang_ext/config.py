@@ -73,6 +73,9 @@ DRAFT_EXTEND_CHOICES: Tuple[str, ...] = (DRAFT_EXTEND_ACCEPTED, DRAFT_EXTEND_WIN
 DRAFT_OFF_AUTO = "auto"
 DRAFT_OFF_NEVER = "never"
 DRAFT_OFF_CHOICES: Tuple[str, ...] = (DRAFT_OFF_AUTO, DRAFT_OFF_NEVER)
+ONLINE_COSTS_ON = "on"
+ONLINE_COSTS_OFF = "off"
+ONLINE_COSTS_CHOICES: Tuple[str, ...] = (ONLINE_COSTS_ON, ONLINE_COSTS_OFF)
 
 
 class ConfigError(ValueError):
@@ -161,6 +164,15 @@ def _parse_dcut_mode(text: Any) -> DCutMode:
 
 def _parse_str(text: Any) -> str:
     return str(text)
+
+
+def _parse_on_off(text: Any) -> str:
+    """``on`` / ``off`` from any boolean spelling (YAML 1.1 reads a bare ``off`` as false, which
+    SGLang's ``--config`` reader passes on as ``"false"``); other text is returned for the check."""
+    try:
+        return ONLINE_COSTS_ON if _parse_bool(text) else ONLINE_COSTS_OFF
+    except ValueError:
+        return str(text)
 
 
 def _parse_method(text: Any) -> str:
@@ -353,6 +365,11 @@ class DCutConfig:
                         "'auto' when the cost table says a draft-off step commits more tokens per ms than every "
                         "tier, with a minimum dwell; 'never' keeps drafting. Fixed ratios never switch it off.",
                         _parse_str, choices=DRAFT_OFF_CHOICES)
+    online_costs: str = _f(ONLINE_COSTS_ON, "--dcut-online-costs", "Correct --dcut auto's cost table online from "
+                           "the wall time of the decode steps the server runs (no device sync): one factor per "
+                           "(profiled batch size, tier or draft-off step), used for the tier and draft-off choice "
+                           "and shown in /server_info; 'off' keeps the launch-time costs.", _parse_on_off,
+                           choices=ONLINE_COSTS_CHOICES)
     cost_table: Optional[str] = _f(None, "--dcut-cost-table", "Load this cost-table JSON instead of profiling at "
                                    "launch.", _parse_optional_str, metavar="PATH")
     cache_dir: Optional[str] = _f(None, "--dcut-cache-dir", "Directory of the profiled cost-table cache (default: "
@@ -382,6 +399,8 @@ class DCutConfig:
                f"expected one of {', '.join(DRAFT_EXTEND_CHOICES)}, got {self.draft_extend!r}")
         _check(self.draft_off in DRAFT_OFF_CHOICES, "--dcut-draft-off",
                f"expected one of {', '.join(DRAFT_OFF_CHOICES)}, got {self.draft_off!r}")
+        _check(self.online_costs in ONLINE_COSTS_CHOICES, "--dcut-online-costs",
+               f"expected one of {', '.join(ONLINE_COSTS_CHOICES)}, got {self.online_costs!r}")
         t = tuple(float(x) for x in self.tiers)
         object.__setattr__(self, "tiers", t)
         _check(len(t) >= 1, "--dcut-tiers", "needs at least one tier")
@@ -414,6 +433,11 @@ class DCutConfig:
     def may_draft_off(self) -> bool:
         """Whether auto may choose draft-off steps (``--dcut auto --dcut-draft-off auto``)."""
         return self.auto and self.draft_off == DRAFT_OFF_AUTO
+
+    @property
+    def corrects_costs(self) -> bool:
+        """Whether auto corrects its cost table online (``--dcut auto --dcut-online-costs on``)."""
+        return self.auto and self.online_costs == ONLINE_COSTS_ON
 
     @property
     def fixed_ratio(self) -> Optional[float]:

@@ -81,6 +81,7 @@ def test_mapping_parses_strings_and_typed_values():
     ({"dcut_tiers": "1.0,1.0"}, "--dcut-tiers"),
     ({"dcut_tiers": ""}, "--dcut-tiers"),
     ({"dcut_profile_steps": "x"}, "--dcut-profile-steps"),
+    ({"dcut_online_costs": "sometimes"}, "--dcut-online-costs"),
 ])
 def test_errors_name_the_flag(values, flag):
     with pytest.raises(ConfigError) as e:
@@ -226,3 +227,13 @@ def test_method_list_is_the_combination():
     assert configs_from_mapping({"specexit_method": ("progress", "confidence")}).specexit.method == "confidence_progress"
     with pytest.raises(ConfigError, match=r"^--specexit-method: "):
         configs_from_mapping({"specexit_method": ["confidence", "speed"]})
+
+
+@pytest.mark.parametrize("value,expected", [("on", "on"), ("off", "off"), (True, "on"), (False, "off"),
+                                            ("false", "off"), ("True", "on"), ("0", "off")])
+def test_online_costs_reads_boolean_spellings(value, expected):
+    """``--dcut-online-costs``: default on; a YAML bare ``off`` arrives as false."""
+    assert DCutConfig().online_costs == "on"
+    cfg = configs_from_mapping({"dcut": "auto", "dcut_online_costs": value}).dcut
+    assert cfg.online_costs == expected and cfg.corrects_costs == (expected == "on")
+    assert not configs_from_mapping({"dcut": "0.5", "dcut_online_costs": value}).dcut.corrects_costs
