@@ -74,6 +74,10 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
             self.dcut.init_after_graphs(self)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        if self.dcut is not None:  # the step clock of --dcut-online-costs (no device sync)
+            from sglang_ext.engine.dcut.runner import is_decode_batch
+
+            self.dcut.begin_step(is_decode_batch(batch))
         if self._draft_off_now(batch):
             with self._zero_step():
                 result = super().forward_batch_generation(batch, on_publish=on_publish,

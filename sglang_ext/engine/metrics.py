@@ -21,7 +21,7 @@ metric                                      type     meaning
 ``sglang:dcut_exempt_requests_total{reason}``  counter  requests kept whole, by reason
 ``sglang:dcut_keep_ratio``                  gauge    verified / full rows since start
 ``sglang:dcut_predicted_step_ms``           gauge    mean cost-table prediction per step
-``sglang:dcut_measured_step_ms``            gauge    mean wall time between verify steps
+``sglang:dcut_measured_step_ms``            gauge    mean wall time between decode step starts
 ``sglang:dcut_calibration_tau``             gauge    exponent of the calibrated scores ``s^tau``
 ``sglang:specexit_exits_total{reason}``     counter  early exits (``signals``, ``max_think_tokens``)
 ``sglang:specexit_thinking_tokens_total``   counter  think tokens of finished thinking requests
@@ -78,7 +78,7 @@ DCUT_LABELLED: Dict[str, Tuple[str, str, str]] = {
 DCUT_GAUGES: Dict[str, Tuple[str, str]] = {
     "dcut_keep_ratio": ("Verified / full verify rows since start.", "keep_ratio"),
     "dcut_predicted_step_ms": ("Mean cost-table prediction of a verify step (ms).", "predicted_step_ms"),
-    "dcut_measured_step_ms": ("Mean wall time between verify steps (ms).", "measured_step_ms"),
+    "dcut_measured_step_ms": ("Mean wall time between the starts of consecutive decode steps (ms).", "measured_step_ms"),
 }
 CALIBRATION_TAU = "dcut_calibration_tau"
 SPECEXIT_COUNTERS: Dict[str, Tuple[str, str]] = {

@@ -20,7 +20,8 @@ the eager draft extend (``--dcut-draft-extend``, :mod:`sglang_ext.engine.dcut.dr
 ``get_init_info`` is the scheduler's start-up handshake; its dict is merged into ``/server_info``
 (and ``Engine.get_server_info()``) at top level, so the cost table appears there as
 ``server_info["dcut"]["cost_table"]``. ``get_internal_state`` answers every ``/server_info``
-request; the metrics appear as ``server_info["internal_states"][i]["dcut"]``. Both are
+request; the metrics appear as ``server_info["internal_states"][i]["dcut"]`` (with
+``online_costs``: the cost-table corrections of ``--dcut-online-costs`` in use). Both are
 pass-throughs when the scheduler's worker has no D-Cut runner. See ``patches/scheduler_info.md``.
 """
 
@@ -108,6 +109,7 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
                                       "tier_graphs": tier_graph_stats(scheduler),
                                       "draft_extend": draft_extend_stats(scheduler),
                                       "draft_off": runner.draft_off_summary(),
+                                      "online_costs": runner.online_costs_summary(),
                                       "kv_pool": kv_pool_state(scheduler)}
         except Exception as e:  # metrics must never break /server_info
             logger.warning("D-Cut metrics unavailable: %s", e)

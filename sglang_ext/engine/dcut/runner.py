@@ -44,6 +44,15 @@ Metrics (:class:`DCutMetrics`) are bonus-inclusive like the planner: a step veri
 acceptance rate of kept drafts is ``(accepted_tokens - bs) / (verified_tokens - bs)``, the
 corrected denominator (SGLang's own rate assumes ``N - 1`` drafts per request).
 
+Online costs (``--dcut auto --dcut-online-costs on``, the default): the step clock
+(:meth:`DCutRunner.begin_step`, one ``time.perf_counter()`` per worker forward, no device sync)
+times each decode step from its start to the next decode step's start; the steps auto chose
+(a tier, or a draft-off step) correct the cost table cell they ran
+(``sglang_ext.dcut.online_costs.OnlineCosts``) and auto plans with the corrected table
+(:meth:`DCutRunner.planning_table`), for the tier and the draft-off choice. With TP, rank 0's
+corrections are broadcast every :data:`ONLINE_COSTS_SYNC_STEPS` decode steps and every rank plans
+with the broadcast ones. The same intervals give the metrics' ``measured_step_ms``.
+
 Diagnostics (opt-in, environment variable ``SGLANG_EXT_DCUT_TIMING=1`` at launch): the metrics
 also carry a per-step time split (:class:`StepTiming`: draft steps, planner, target verify
 forward, rest of verify, draft extend, other), the accept-length histogram and the planner's
@@ -83,6 +92,7 @@ from sglang_ext.dcut import (
     scatter_to_full,
 )
 from sglang_ext.dcut.calibration import PowerCalibration
+from sglang_ext.dcut.online_costs import OFF_COLUMN, OnlineCosts, apply_factors
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +120,10 @@ FULL_TIER = "full"
 """Histogram key of steps verified at full width (no pruning)."""
 LOG_INTERVAL_STEPS = 50
 """Steps between two D-Cut log lines."""
-_MAX_STEP_GAP_S = 5.0  # verify-to-verify intervals longer than this are idle time, not a step
+_MAX_STEP_GAP_S = 5.0  # step intervals longer than this are idle time, not a step
+ONLINE_COSTS_SYNC_STEPS = 16
+"""With TP, decode steps between two broadcasts of rank 0's online cost corrections (every rank
+plans with the corrections of the last broadcast, so all ranks plan alike)."""
 TIMING_ENV = "SGLANG_EXT_DCUT_TIMING"
 """Environment variable: ``1`` turns on the per-step time split (:class:`StepTiming`, diagnostics
 for benches; on GPU each timed section synchronizes the device, so it slows the server down)."""
@@ -219,6 +232,10 @@ class StepDecision:
     exempt_requests: int
     predicted_ms: Optional[float] = None
     pruned: bool = False  # some draft node of the step was left out of the verification
+    # cost-table column the step's wall time is attributed to for --dcut-online-costs: the auto
+    # tier index or OFF_COLUMN (draft-off); None = not comparable with the table (fixed or forced
+    # ratio, profiling, exempt requests, uncaptured drafts)
+    cost_column: Optional[int] = None
 
     @classmethod
     def full(cls, batch_size: int, num_draft_tokens: int, exempt_requests: int = 0) -> "StepDecision":
@@ -227,9 +244,11 @@ class StepDecision:
         return cls(batch_size, num_draft_tokens, FULL_TIER, MODE_OFF, rows, rows, exempt_requests)
 
     @classmethod
-    def draft_off(cls, batch_size: int, predicted_ms: Optional[float] = None) -> "StepDecision":
+    def draft_off(cls, batch_size: int, predicted_ms: Optional[float] = None,
+                  cost_column: Optional[int] = None) -> "StepDecision":
         """A draft-off step: no drafting, one verified token (the root) per request."""
-        return cls(batch_size, 1, DRAFT_OFF_TIER, DRAFT_OFF_TIER, batch_size, batch_size, 0, predicted_ms)
+        return cls(batch_size, 1, DRAFT_OFF_TIER, DRAFT_OFF_TIER, batch_size, batch_size, 0, predicted_ms,
+                   cost_column=cost_column)
 
 
 STEP_PARTS = ("draft", "plan", "target_forward", "verify_rest", "draft_extend", "other")
@@ -333,27 +352,49 @@ class DCutMetrics:
     _accepted: Optional[torch.Tensor] = None  # device scalar, sum of accept_lens
     _accepted_host: int = 0
     _verified: Optional[torch.Tensor] = None  # device scalar, kept rows of pruned steps not yet folded
-    _last: Optional[StepDecision] = None
-    _last_time: Optional[float] = None
+    _open: Optional["OpenStep"] = None  # the decode step in progress (DCutRunner.begin_step)
+    _last_time: Optional[float] = None  # end of the previous verify (StepTiming only)
     timing: Optional[StepTiming] = None  # created when TIMING_ENV is on
 
     def __post_init__(self) -> None:
         if self.timing is None and os.environ.get(TIMING_ENV, "0") not in ("", "0"):
             self.timing = StepTiming()
 
+    def start_step(self, now: float, decode: bool) -> Optional[Tuple[StepDecision, float]]:
+        """The step clock: called at the start of every forward of the worker (``now`` from
+        ``time.perf_counter()``, no device sync), ``decode`` False for prefill / extend / idle.
+
+        Closes the decode step in progress: when this forward is the next decode step, the step
+        was recorded (:meth:`record`) and the interval is shorter than an idle gap (5 s), returns
+        ``(its decision, interval in ms)`` and adds it to the predicted / measured step times;
+        otherwise (a prefill or anything else in between, an idle gap) the interval is dropped.
+        A decode forward opens the next step.
+        """
+        prev, self._open = self._open, None
+        out = None
+        if decode and prev is not None and prev.decision is not None and 0.0 <= now - prev.started < _MAX_STEP_GAP_S:
+            ms = (now - prev.started) * 1e3
+            if prev.decision.predicted_ms is not None:
+                self.measured_ms_sum += ms
+                self.predicted_ms_sum += prev.decision.predicted_ms
+                self.timed_steps += 1
+            out = (prev.decision, ms)
+        if decode:
+            self._open = OpenStep(now)
+        return out
+
     def record(self, d: StepDecision, accept_lens: Optional[torch.Tensor]) -> None:  # accept_lens: [batch_size]
-        now = time.perf_counter()
         if self.timing is not None:
+            now = time.perf_counter()
             self.timing.num_draft_tokens = max(self.timing.num_draft_tokens, d.num_draft_tokens)
             gap = None if self._last_time is None else now - self._last_time
             self.timing.end_step(gap if gap is not None and gap < _MAX_STEP_GAP_S else None, accept_lens)
-        if self._last is not None and self._last_time is not None:
-            gap = now - self._last_time
-            if gap < _MAX_STEP_GAP_S and self._last.predicted_ms is not None:
-                self.measured_ms_sum += gap * 1e3
-                self.predicted_ms_sum += self._last.predicted_ms
-                self.timed_steps += 1
-        self._last, self._last_time = d, now
+            self._last_time = now
+        if self._open is not None:  # the step clock's step in progress is this one (the first verify counts)
+            if self._open.decision is None:
+                self._open.decision = d
+            else:  # two verifies in one forward: not a comparable step
+                self._open = None
         self.steps += 1
         self.requests += d.batch_size
         self.full_tokens += d.batch_size * d.num_draft_tokens
@@ -421,6 +462,14 @@ class DCutMetrics:
                 f"accepted {s['accepted_tokens']} tokens (draft accept rate {f(s['draft_accept_rate'])}), "
                 f"tiers [{hist}], draft-off steps {s['draft_off_steps']}, step ms predicted {f(s['predicted_step_ms'], '{:.2f}')} / measured "
                 f"{f(s['measured_step_ms'], '{:.2f}')}, exempt {s['exempt_requests']}")
+
+
+@dataclass
+class OpenStep:
+    """A decode step in progress on the step clock (:meth:`DCutMetrics.start_step`)."""
+
+    started: float  # time.perf_counter() at the start of the step's forward
+    decision: Optional[StepDecision] = None  # set by DCutMetrics.record
 
 
 @dataclass
@@ -742,6 +791,12 @@ class DCutRunner:
         self.step_draft_off = False  # the step in progress runs without drafting (set by the worker)
         self._decode_steps = 0
         self._no_off_costs_warned = False
+        # --dcut-online-costs: corrections learned from the step clock (created with the table)
+        self.online_costs: Optional[OnlineCosts] = None
+        self._applied_factors: Optional[Tuple[Tuple[float, ...], ...]] = None  # what the planner uses
+        self._applied_version = 0  # OnlineCosts.version of _applied_factors (single rank)
+        self._planning: Optional[Tuple[Any, CostTable]] = None  # (factors, corrected table) cache
+        self._clock_steps = 0  # decode steps seen by the step clock (TP broadcast schedule)
         self.unsupported = _unsupported_reason(worker)
         if self.unsupported is not None:
             logger.warning("D-Cut disabled: not supported with %s (full verification is used)", self.unsupported)
@@ -761,6 +816,15 @@ class DCutRunner:
             logger.warning("D-Cut: cost table unavailable (%s: %s); fallback ratio 0.75", type(e).__name__, e)
             self.cost_table, self.table_info = None, {"source": "fallback", "error": f"{type(e).__name__}: {e}"}
         publish_cost_table(worker, self.cost_table, self.table_info)
+        self.reset_online_costs()
+
+    def reset_online_costs(self) -> None:
+        """(Re)start the online cost corrections from the current table (``--dcut auto
+        --dcut-online-costs on`` with a table; else none)."""
+        on = bool(getattr(self.cfg, "corrects_costs", False)) and self.cost_table is not None
+        self.online_costs = OnlineCosts(self.cost_table) if on and self.unsupported is None else None
+        self._applied_factors = None  # None: the launch-time table (no correction yet)
+        self._applied_version, self._planning = 0, None
 
     def info(self, worker: Any = None) -> Dict[str, Any]:
         """Static description for ``/server_info`` (``get_init_info``). With ``worker``, the table
@@ -787,6 +851,7 @@ class DCutRunner:
             "hf_config_matches": hf_matches,
             "calibration": self.cfg.calibration,
             "draft_off": getattr(self.cfg, "draft_off", None),
+            "online_costs": getattr(self.cfg, "online_costs", None),
         }
 
     # ------------------------------------------------------------------ per step
@@ -796,6 +861,69 @@ class DCutRunner:
         if self.override_ratio is not None:
             return float(self.override_ratio)
         return self.cfg.mode  # "auto" or a float ratio
+
+    # ------------------------------------------------------------------ online costs
+    def begin_step(self, decode: bool) -> None:
+        """The step clock (``--dcut-online-costs``): called by the worker at the start of every
+        ``forward_batch_generation``; ``decode`` False for a prefill / extend / idle batch.
+
+        What is measured: the wall time between the starts of two consecutive decode steps of this
+        worker, one ``time.perf_counter()`` read per forward. It is attributed to the earlier step
+        (its batch size and the tier or draft-off step it ran, ``StepDecision.cost_column``) and
+        covers what the profiler timed for that step (draft, verify, draft extend) plus the
+        scheduler's work between two steps. No device synchronisation is needed: each step reads
+        its results on the host before the next one starts (the auto tier choice reads the
+        planner's sums; the scheduler reads the accepted tokens), so on a steady stream the
+        interval between step starts is the step's cost, and an EMA smooths what an asynchronous
+        launch shifts between neighbours. An interval is dropped when anything else ran in between
+        (a prefill or extend batch, an idle gap over 5 s) and when the step is not comparable with
+        the table (fixed or forced ratio, ``dcut_force_ratio`` / ``dcut_force_draft_off``,
+        profiling, exempt requests). The same intervals give the metrics' measured step time.
+
+        TP: ranks may time a step differently, so only rank 0's corrections count: every
+        :data:`ONLINE_COSTS_SYNC_STEPS` decode steps rank 0's factors are broadcast and every rank
+        plans with the broadcast factors (the same table on every rank, so tier and draft-off
+        choices stay identical, as with the launch-time table).
+        """
+        closed = self.metrics.start_step(time.perf_counter(), decode)
+        oc = self.online_costs
+        if oc is None:
+            return
+        if closed is not None and closed[0].cost_column is not None:
+            oc.observe(closed[0].batch_size, closed[0].cost_column, closed[1])
+        if not decode:
+            return
+        self._clock_steps += 1
+        group = agreement_tp_group()
+        if group is None:
+            if oc.version != self._applied_version:
+                self._applied_factors, self._applied_version = oc.factors(), oc.version
+        elif self._clock_steps % ONLINE_COSTS_SYNC_STEPS == 0:
+            self._applied_factors = sync_factors(oc.factors(), group)
+
+    def planning_table(self) -> Optional[CostTable]:
+        """The table auto plans with: the launch-time table times the online corrections in use
+        (the launch-time table itself without ``--dcut-online-costs``)."""
+        if self.online_costs is None or self.cost_table is None or self._applied_factors is None:
+            return self.cost_table
+        if self._planning is None or self._planning[0] != self._applied_factors:
+            self._planning = (self._applied_factors, apply_factors(self.cost_table, self._applied_factors))
+        return self._planning[1]
+
+    def _observed_mode(self) -> bool:
+        """Whether this step's time is comparable with the table: configured auto, not forced."""
+        return (self.online_costs is not None and self.forced_ratio is None and self.override_ratio is None
+                and self.forced_draft_off is None and not self.force_draft_off_every and self._mode() == MODE_AUTO)
+
+    def online_costs_summary(self) -> Dict[str, Any]:
+        """``/server_info`` ``internal_states[i].dcut.online_costs``: the setting and, when active,
+        per profiled batch size the factor and corrected cost of each corrected column (the
+        factors the planner uses) and the observation counters."""
+        out: Dict[str, Any] = {"setting": getattr(self.cfg, "online_costs", None),
+                               "active": self.online_costs is not None}
+        if self.online_costs is not None:
+            out.update(self.online_costs.summary(self._applied_factors))
+        return out
 
     def set_force_draft_off(self, every: int) -> None:
         """Runtime knob ``dcut_force_draft_off``: 0 = the configured choice; 1 = every decode step
@@ -834,7 +962,7 @@ class DCutRunner:
                 logger.warning("D-Cut: the cost table has no draft-off costs (schema version 1, or profiled with "
                                "--dcut-draft-off never); drafting is never switched off (re-profile to enable it)")
             return False
-        decision = draft_off_decision(self.draft_off_state, batch_size, self.cost_table, self.draft_off_params)
+        decision = draft_off_decision(self.draft_off_state, batch_size, self.planning_table(), self.draft_off_params)
         self.draft_off_state = decision.state
         return decision.off
 
@@ -850,7 +978,7 @@ class DCutRunner:
     def _draft_off_predicted_ms(self, batch_size: int) -> Optional[float]:
         if self.cost_table is None or self.forced_draft_off is not None:
             return None
-        row = self.cost_table.lookup_off(batch_size)
+        row = self.planning_table().lookup_off(batch_size)
         return None if row is None else row[1]
 
     def set_override_ratio(self, ratio: Optional[float]) -> None:
@@ -878,8 +1006,8 @@ class DCutRunner:
         planned = scores
         if self.calibration is not None and mode == MODE_AUTO:
             planned = self.calibration.apply(scores)
-        plan = choose(planned, self.cost_table, self.tiers, mode, topology=topology, num_draft_tokens=n,
-                      exempt=exempt)
+        table = self.planning_table() if mode == MODE_AUTO else self.cost_table
+        plan = choose(planned, table, self.tiers, mode, topology=topology, num_draft_tokens=n, exempt=exempt)
         if plan.tier_expected is not None:  # auto: what the next steps' draft-off choice learns from
             self.draft_off_state = observe_draft_gains(self.draft_off_state, plan.batch_size, plan.tier_expected,
                                                        self.draft_off_params)
@@ -917,14 +1045,18 @@ class DCutRunner:
             cand = [i for i in range(bs) if not exempt[i]]
             self.metrics.timing.add_survival(scores[cand])
         plan = self.choose_step(scores, n, exempt, topology)
+        # the step costs its table cell only without exempt requests (else the cost staircase)
+        observed = self._observed_mode() and plan.mode == MODE_AUTO and n_exempt == 0
         if not plan.prunes:
             full.mode, full.predicted_ms = plan.mode, plan.predicted_ms
+            full.cost_column = plan.tier_index if observed else None
             return StepPlan(full)
         keep = plan.keep_mask if plan.keep_mask is not None else chain_keep_mask(plan.keep_lens, n)  # [bs, N]
         keep, tier_index = agree_across_ranks(keep, plan.tier_index, agreement_tp_group())
         plan = plan.at_tier(tier_index)
         decision = StepDecision(bs, n, plan.tier_label, plan.mode, keep.sum(), plan.forward_width, n_exempt,
-                                plan.predicted_ms, pruned=True)
+                                plan.predicted_ms, pruned=True,
+                                cost_column=tier_index if observed and tier_index >= 0 else None)
         return StepPlan(decision, plan, keep)
 
     def compact_verify(
@@ -981,7 +1113,8 @@ class DCutRunner:
             return full()
         if self.step_draft_off:  # SGLang's one-node verify input (draft-off step): nothing to prune
             result = full()
-            self.metrics.record(StepDecision.draft_off(bs, self._draft_off_predicted_ms(bs)),
+            column = OFF_COLUMN if self._observed_mode() and self.cost_table.has_draft_off else None
+            self.metrics.record(StepDecision.draft_off(bs, self._draft_off_predicted_ms(bs), column),
                                 getattr(result, "accept_lens", None))
             self._pending_obs = None
             if self.log_interval and self.forced_draft_off is None and self.metrics.steps % self.log_interval == 0:
@@ -1118,6 +1251,27 @@ def _backend_runs_ragged_verify(worker: Any) -> bool:
         logger.warning("D-Cut: attention backend %s cannot run ragged verify batches; pruned nodes are cut "
                        "from the links only (lossless, but no verify FLOPs are saved)", type(backend).__name__)
     return ok
+
+
+def is_decode_batch(batch: Any) -> bool:
+    """Whether a worker forward is a decode step (not a prefill / extend, mixed or idle batch)."""
+    mode = batch.forward_mode
+    return not (mode.is_extend() or bool(getattr(batch, "is_extend_in_batch", False)) or mode.is_idle())
+
+
+def sync_factors(factors: Tuple[Tuple[float, ...], ...], group: Any) -> Tuple[Tuple[float, ...], ...]:
+    """Rank 0's online cost factors on every rank (``group.broadcast_object``, SGLang's
+    ``GroupCoordinator``); with ``group=None`` the factors are returned unchanged.
+
+    Examples
+    --------
+    >>> sync_factors(((1.0, 2.0),), None)
+    ((1.0, 2.0),)
+    """
+    if group is None:
+        return factors
+    got = group.broadcast_object(factors if int(getattr(group, "rank_in_group", 0)) == 0 else None, src=0)
+    return tuple(tuple(float(x) for x in row) for row in got)
 
 
 def agreement_tp_group() -> Any:

@@ -1,0 +1,176 @@
+"""``--dcut-online-costs`` on the trained testbed models: lossless, and a wrong cost table corrected.
+
+EAGLE3 tree (topk 4, 3 steps, 16 draft tokens; the shape where pruning pays on CPU, see
+``bench/README.md``), 16 held-out problems at once (one batch of 16 for every step: all requests
+are prefilled together and ``ignore_eos`` keeps them to the same length), greedy.
+
+1. Engine 1, ``--dcut auto`` with a cost table profiled at launch for batch size 16 (online costs
+   on, the default): the configured ``auto`` run gives the same tokens as full verification
+   (``dcut_force_ratio`` 1.0), and ``/server_info`` shows the corrections being learned.
+2. Engine 2, ``--dcut-cost-table`` = engine 1's profiled table with full verification made 8x
+   cheaper than profiled, so ``auto`` on the launch-time costs would always verify in full (its
+   utility beats every tier's by far). The full step is measured ~8x dearer than predicted, its
+   correction grows, and auto moves to pruning tiers: the tier histogram of the last run is mostly
+   pruning steps and the full column's factor is large. Outputs equal engine 1's full verification.
+
+Large factors, no timed assertions: an 8x error against a correction band of [0.1, 10].
+Budget: ~2 min (two engine starts, one with a one-row profile; four short runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from engine_utils import make_engine
+from trained_models import MODELS, requires_trained_models
+from trained_models import held_out_prompts as _prompts
+
+pytestmark = requires_trained_models
+
+BS = 16
+MAX_NEW = 80
+FULL = 1.0
+CONFIGURED = 0.0
+FULL_CHEAPER = 8.0  # engine 2's table: full verification this much cheaper than profiled
+TOPK, STEPS, N = 4, 3, 16
+
+
+def _launch(tmp, **dcut):
+    return make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa",
+                       speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
+                       speculative_num_steps=STEPS, speculative_eagle_topk=TOPK, speculative_num_draft_tokens=N,
+                       max_total_tokens=32768, max_running_requests=BS, dcut="auto",
+                       dcut_cache_dir=str(tmp / "cache"), dcut_draft_off="never", **dcut)
+
+
+def _state(eng):
+    from sglang_ext.engine.dcut.client import dcut_states
+
+    states = dcut_states(eng)
+    assert len(states) == 1
+    return states[0]
+
+
+def _run(eng, prompts, ratio):
+    """Outputs and the tier histogram of one run (``ratio`` 0: the configured auto)."""
+    from sglang_ext.engine.dcut.client import set_force_ratio
+
+    assert set_force_ratio(eng, ratio)
+    before = _state(eng)["metrics"]["tier_histogram"]
+    outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0.0, "max_new_tokens": MAX_NEW,
+                                                            "ignore_eos": True})
+    after = _state(eng)["metrics"]["tier_histogram"]
+    hist = {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
+    return [o["output_ids"] for o in outs], {k: v for k, v in hist.items() if v}
+
+
+def test_online_costs_lossless_and_correct_a_wrong_table(tmp_path):
+    from sglang_ext.engine.dcut.client import dcut_info, set_force_ratio
+
+    prompts = _prompts(BS)
+    eng = _launch(tmp_path, dcut_profile_batch_sizes="16")
+    try:
+        info = dcut_info(eng)
+        assert info["online_costs"] == "on" and info["cost_table_info"]["source"] == "profiled"
+        table = info["cost_table"]
+        ref, hist = _run(eng, prompts, FULL)
+        assert set(hist) == {"full"}
+        got, hist = _run(eng, prompts, CONFIGURED)
+        bad = [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
+        assert not bad, f"auto with online costs: {len(bad)} of {BS} outputs differ from full verification"
+        oc = _state(eng)["online_costs"]
+        assert oc["active"] and oc["counted"] > 0, oc
+        print(f"engine 1 (profiled {table['step_ms']}): auto tiers {hist}, online costs {oc}")
+    finally:
+        set_force_ratio(eng, CONFIGURED)
+        eng.shutdown()
+
+    assert table["batch_sizes"] == [BS]
+    wrong = dict(table)
+    wrong["step_ms"] = [row[:-1] + [row[-1] / FULL_CHEAPER] for row in table["step_ms"]]
+    path = tmp_path / "wrong.json"
+    path.write_text(json.dumps(wrong))
+    eng = _launch(tmp_path, dcut_cost_table=str(path))
+    try:
+        info = dcut_info(eng)
+        assert info["cost_table_info"]["source"] == "file" and info["cost_table"]["step_ms"] == wrong["step_ms"]
+        runs = []
+        for _ in range(4):
+            got, hist = _run(eng, prompts, CONFIGURED)
+            bad = [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
+            assert not bad, f"wrong table, auto: {len(bad)} of {BS} outputs differ from full verification"
+            runs.append(hist)
+            pruned = sum(v for k, v in hist.items() if k != "full")
+            if len(runs) >= 2 and pruned * 2 > sum(hist.values()):
+                break
+        oc = _state(eng)["online_costs"]
+        print(f"engine 2 (full {FULL_CHEAPER}x too cheap): tiers per run {runs}, online costs {oc}")
+        assert runs[0].get("full", 0) > 0, f"the wrong table did not start on full verification: {runs[0]}"
+        last = runs[-1]
+        pruned = sum(v for k, v in last.items() if k != "full")
+        assert pruned * 2 > sum(last.values()), f"auto still verifies in full on most steps: {runs}"
+        full_cell = oc["corrections"][str(BS)]["1"]
+        assert full_cell["factor"] > 3.0, oc  # ~8 measured against the table
+    finally:
+        set_force_ratio(eng, CONFIGURED)
+        eng.shutdown()
+
+
+def test_step_clock_attributes_intervals_to_the_earlier_step(monkeypatch):
+    """The runner's step clock without an engine: decode-to-decode intervals reach the corrections,
+    attributed to the earlier step's (bs, column); a prefill in between, a forced ratio or a step
+    outside auto drop them; the planner then plans with the corrected table."""
+    from types import SimpleNamespace as NS
+
+    import sglang_ext.engine.dcut.runner as runner_mod
+    from sglang_ext.config import DCutConfig
+    from sglang_ext.dcut import CostTable, CostTableKey
+    from sglang_ext.engine.dcut.runner import DCutRunner, StepDecision
+
+    key = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "test")
+    table = CostTable.build(key, [4, 16], [[10.0, 20.0, 30.0, 40.0], [50.0, 60.0, 70.0, 80.0]])
+    now = [0.0]  # seconds; the steps below are given in ms
+    monkeypatch.setattr(runner_mod.time, "perf_counter", lambda: now[0])
+    runner = DCutRunner(NS(speculative_num_draft_tokens=4, topk=1), DCutConfig(mode="auto"))
+    runner.cost_table = table
+    runner.reset_online_costs()
+    oc = runner.online_costs
+    assert oc is not None and runner.planning_table() is table
+
+    def step(at_ms, decision=None, decode=True):
+        now[0] = at_ms / 1e3
+        runner.begin_step(decode)
+        if decision is not None:
+            runner.metrics.record(decision, None)
+
+    def auto(bs, q):
+        d = StepDecision.full(bs, 4)
+        d.cost_column = q
+        return d
+
+    step(0, auto(3, 2))
+    for t in range(1, 5):  # bs 3 uses the bs-4 row; steps of 90 ms against a predicted 30 ms
+        step(90 * t, auto(3, 2))
+    assert oc.warmup_skipped == 2 and oc.counted == 2
+    assert oc.factors()[0][2] > 1.5 and oc.factors()[1] == (1.0,) * 5
+    assert runner.planning_table().step_ms[0][2] > 45.0 and runner.planning_table().step_ms[0][:2] == (10.0, 20.0)
+    counted = oc.counted
+    step(500, None, decode=False)  # a prefill: the interval of the step before it is dropped
+    step(600, auto(3, 2))
+    step(690, StepDecision.full(3, 4))  # the 600 ms step counts (90 ms); this one is not auto
+    step(780, auto(3, 2))  # ... so its interval is dropped
+    assert oc.counted == counted + 1
+    runner.set_override_ratio(0.5)  # dcut_force_ratio: decide() marks no column (checked below)
+    assert not runner._observed_mode()
+    runner.set_override_ratio(None)
+    assert runner._observed_mode()
+    step(10_000, auto(3, 2))  # an idle gap > 5 s: dropped
+    assert oc.counted == counted + 1
+    info = runner.online_costs_summary()
+    assert info["active"] and info["corrections"]["4"]["0.75"]["factor"] > 1.5 and "16" not in info["corrections"]
+    off = DCutRunner(NS(speculative_num_draft_tokens=4, topk=1), DCutConfig(mode="auto", online_costs="off"))
+    off.cost_table = table
+    off.reset_online_costs()
+    assert off.online_costs is None and off.planning_table() is table
+    assert off.online_costs_summary() == {"setting": "off", "active": False}
