@@ -44,7 +44,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--max-train-prompts", type=int, default=0, help="use at most this many train prompts (0 = all)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap of stage 2")
     p.add_argument("--gen-batch-size", type=int, default=64, help="concurrent requests of stage 2")
-    p.add_argument("--self-prompts", type=int, default=128,
+    p.add_argument("--self-prompts", type=int, default=64,
                    help="also train on this many questions the target writes itself (sampled after its "
                         "chat template's user header; 0 = registry prompts only)")
     p.add_argument("--draft-vocab-size", type=int, default=16384, help="reduced draft vocabulary size")
@@ -96,6 +96,7 @@ def _generate(args: argparse.Namespace, parts, progress: bool):
     from transformers import AutoTokenizer
 
     from sglang_ext.recipe import generate as gen_mod
+    from sglang_ext.recipe.data import Prompt
 
     tok = AutoTokenizer.from_pretrained(args.target)
     eos = gen_mod.eos_ids(args.target)
@@ -104,37 +105,71 @@ def _generate(args: argparse.Namespace, parts, progress: bool):
     max_seq = 2 * max_plen + 2 * args.max_new_tokens + 64
     with gen_mod.TargetEngine(args.target, args.gen_batch_size, max_seq, json.loads(args.engine_kwargs),
                               _log, threads=args.threads) as eng:
-        own = []
-        if args.self_prompts:
-            own = gen_mod.self_prompts(eng, tok, args.self_prompts, [p.text for p in parts["heldout"]],
-                                       progress=progress)
-            _log(f"[generate] {len(own)} self prompts kept of {args.self_prompts} sampled")
-        with open(os.path.join(args.out, "self_prompts.json"), "w") as f:
-            json.dump([asdict(p) for p in own], f, indent=1)
+        self_path = os.path.join(args.out, "self_prompts.json")
+        if os.path.exists(self_path):  # an interrupted run: the same questions again
+            with open(self_path) as f:
+                own = [Prompt(**r) for r in json.load(f)]
+        else:
+            own = []
+            if args.self_prompts:
+                own = gen_mod.self_prompts(eng, tok, args.self_prompts, [p.text for p in parts["heldout"]],
+                                           progress=progress)
+                _log(f"[generate] {len(own)} self prompts kept of {args.self_prompts} sampled")
+            with open(self_path + ".tmp", "w") as f:
+                json.dump([asdict(p) for p in own], f, indent=1)
+            os.replace(self_path + ".tmp", self_path)
         full = {"train": parts["train"] + own, "heldout": parts["heldout"]}
         by_id = {p.id: p for part in full.values() for p in part}
-        pids: Dict[str, List[int]] = {}
+        # Answers are appended to answers.partial.jsonl as they finish, so an interrupted run
+        # resumes without generating them again (greedy: the same answers).
+        partial_path = os.path.join(args.out, "answers.partial.jsonl")
         answers: Dict[str, List[int]] = {}
-        pending = [p for part in full.values() for p in part]
+        if os.path.exists(partial_path):
+            with open(partial_path) as f:
+                for ln in f:
+                    try:
+                        rec = json.loads(ln)
+                    except ValueError:  # a line cut by the interruption
+                        continue
+                    if rec.get("id") in by_id:
+                        answers[rec["id"]] = rec["ids"]
+            if answers:
+                _log(f"[generate] resuming: {len(answers)} answers already generated")
+
+        def encode(p):  # the conversation up to p: earlier turns with the target's own answers
+            turns, q = [p.text], p
+            while q.context:
+                ctx = by_id[q.context]
+                ans = answers[ctx.id]
+                cut = next((k for k, t in enumerate(ans) if t in eos), len(ans))
+                turns = [ctx.text, tok.decode(ans[:cut], skip_special_tokens=True)] + turns
+                q = ctx
+            return gen_mod.encode_conversation(tok, turns)
+
+        pending = [p for part in full.values() for p in part if p.id not in answers]
         depth = 0
-        while pending:  # one pass per conversation depth
-            ready = [p for p in pending if not p.context or p.context in answers]
-            if not ready:
-                raise ValueError(f"prompt {pending[0].id}: its context {pending[0].context} is missing")
-            for p in ready:
-                turns, q = [p.text], p
-                while q.context:
-                    ctx = by_id[q.context]
-                    ans = answers[ctx.id]
-                    cut = next((k for k, t in enumerate(ans) if t in eos), len(ans))
-                    turns = [ctx.text, tok.decode(ans[:cut], skip_special_tokens=True)] + turns
-                    q = ctx
-                pids[p.id] = gen_mod.encode_conversation(tok, turns)
-            outs = eng.greedy([pids[p.id] for p in ready], args.max_new_tokens, progress=progress,
-                              desc=f"answers (turn {depth + 1})")
-            answers.update({p.id: o for p, o in zip(ready, outs)})
-            pending = [p for p in pending if p.id not in answers]
-            depth += 1
+        with open(partial_path, "a") as partial:
+            if partial.tell() > 0:  # end a line an interruption cut short, so the next record is whole
+                with open(partial_path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        partial.write("\n")
+            while pending:  # one pass per conversation depth
+                ready = [p for p in pending if not p.context or p.context in answers]
+                if not ready:
+                    raise ValueError(f"prompt {pending[0].id}: its context {pending[0].context} is missing")
+                ids = [encode(p) for p in ready]
+
+                def save(i, out, ready=ready):
+                    partial.write(json.dumps({"id": ready[i].id, "ids": out}) + "\n")
+                    partial.flush()
+
+                outs = eng.greedy(ids, args.max_new_tokens, progress=progress, desc=f"answers (turn {depth + 1})",
+                                  on_done=save)
+                answers.update({p.id: o for p, o in zip(ready, outs)})
+                pending = [p for p in pending if p.id not in answers]
+                depth += 1
+    pids = {p.id: encode(p) for part in full.values() for p in part}
     seqs = gen_mod.build_sequences(full, {k: [pids[p.id] for p in v] for k, v in full.items()},
                                    {k: [answers[p.id] for p in v] for k, v in full.items()}, eos,
                                    args.max_new_tokens)

@@ -100,21 +100,24 @@ class TargetEngine:
         log(f"[generate] engine up in {time.perf_counter() - t0:.1f} s")
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], sampling_params: Dict,
-                 desc: str = "generate", progress: bool = True) -> List[List[int]]:
-        """Output ids of each prompt (in the order given)."""
+                 desc: str = "generate", progress: bool = True, on_done=None) -> List[List[int]]:
+        """Output ids of each prompt (in the order given); ``on_done(index, output_ids)`` is
+        called as each request finishes (e.g. to save progress)."""
         import asyncio
 
         from tqdm import tqdm
 
         bar = tqdm(total=len(prompt_ids), desc=desc, unit="seq", disable=not progress)
 
-        async def one(ids):
+        async def one(i, ids):
             out = await self.engine.async_generate(input_ids=list(ids), sampling_params=dict(sampling_params))
             bar.update(1)
+            if on_done is not None:
+                on_done(i, list(out["output_ids"]))
             return list(out["output_ids"])
 
         async def all_():
-            return await asyncio.gather(*(one(ids) for ids in prompt_ids))
+            return await asyncio.gather(*(one(i, ids) for i, ids in enumerate(prompt_ids)))
 
         try:
             return self.engine.loop.run_until_complete(all_()) if prompt_ids else []

@@ -257,8 +257,17 @@ def test_cli_end_to_end_and_resume(tmp_path):
     cmd = [sys.executable, "-m", "sglang_ext.recipe.eagle3", "--target", TARGET, "--out", out,
            "--data-cache", data, "--heldout-per-source", "1", "--max-new-tokens", "24",
            "--draft-vocab-size", "64", "--epochs", "2", "--self-prompts", "6", "--no-progress"]
+    # An interrupted stage 2 resumes from answers.partial.jsonl: stop after the split, record one
+    # answer by hand, and the full run keeps it instead of generating it again.
+    p0 = subprocess.run(cmd + ["--stop-after", "data"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p0.returncode == 0, p0.stderr[-3000:]
+    first_train = data_mod.read_split(os.path.join(out, "split.json"))["train"][0].id
+    fake = [5, 6, 7, gen_mod.eos_ids(TARGET)[0]]
+    with open(os.path.join(out, "answers.partial.jsonl"), "w") as f:
+        f.write(json.dumps({"id": first_train, "ids": fake}) + "\n" + '{"id": "cut by a kill')
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "resuming: 1 answers already generated" in p.stderr
     draft_dir = os.path.join(out, "draft")
     assert p.stdout.strip().splitlines()[-1] == draft_dir
     for f in ("config.json", "model.safetensors", "recipe.json", "split.json"):
@@ -276,6 +285,13 @@ def test_cli_end_to_end_and_resume(tmp_path):
     with open(os.path.join(out, "sequences.json")) as f:
         seqs = {r["id"]: r for r in json.load(f)}
     assert len(seqs) == 11 + len(own)
+    rec0 = seqs[first_train]
+    assert rec0["ids"][rec0["prompt_len"]:] == fake and rec0["finished"]
+    with open(os.path.join(out, "answers.partial.jsonl")) as f:  # every answer saved as it finished
+        lines = f.read().splitlines()
+    assert lines[1] == '{"id": "cut by a kill'  # the cut line stays alone on its line
+    saved = {json.loads(ln)["id"] for ln in lines[:1] + lines[2:]}
+    assert saved == set(seqs)
     # a second turn's sequence holds the first turn and the target's own answer to it
     turn2 = [r for k, r in seqs.items() if k.endswith(":2")][0]
     turn1 = seqs[turn2["id"][:-2]]
