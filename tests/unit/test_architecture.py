@@ -135,3 +135,19 @@ def test_pure_math_imports_no_sglang_and_no_glue(pkg):
             for n in names:
                 assert not n.startswith("sglang.") and n != "sglang", f"{name} imports {n}"
                 assert not n.startswith("sglang_ext.engine"), f"{name} imports {n}"
+
+
+def test_test_file_basenames_are_unique():
+    """pytest imports test files by basename (rootdir-relative, no packages): two files of one name
+    in different folders stop the whole run at collection ("import file mismatch")."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    tests_dir = os.path.join(root, "tests")
+    seen = {}
+    dups = []
+    for dirpath, _, files in os.walk(tests_dir):
+        for f in files:
+            if f.startswith("test_") and f.endswith(".py"):
+                if f in seen:
+                    dups.append((f, seen[f], os.path.relpath(dirpath, root)))
+                seen[f] = os.path.relpath(dirpath, root)
+    assert not dups, f"test files with the same basename: {dups}"
