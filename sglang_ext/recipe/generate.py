@@ -33,12 +33,7 @@ class Sequence_:
 
 def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> List[List[int]]:
     """Chat-templated prompt ids (the tokenizer's own template, generation prompt added)."""
-    out = []
-    for p in prompts:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": p.text}],
-                                             add_generation_prompt=True, tokenize=False)
-        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return out
+    return [encode_conversation(tokenizer, [p.text]) for p in prompts]
 
 
 def eos_ids(target_dir: str) -> List[int]:
