@@ -9,7 +9,10 @@ interrupted run resumes):
 2. ``sequences.json`` -- the target's greedy answers through SGLang (:mod:`.generate`): to
    the registry prompts (a second turn after the target's own first answer) and to
    ``--self-prompts`` questions the target writes itself (``self_prompts.json``, train only);
-3. ``features.pt`` -- the target's three tapped hidden states (:mod:`.features`);
+3. ``features.pt`` -- the target's three tapped hidden states (:mod:`.features`); with
+   ``--soft-targets`` also ``final_hidden.pt``, the target's final normed hidden states (the
+   draft then learns the target's distribution over the draft vocabulary, not only its greedy
+   token: :mod:`.train`);
 4. ``draft/`` -- the trained one-layer draft in the standard EAGLE3 format
    (``LlamaForCausalLMEagle3``, reduced vocabulary with ``d2t`` / ``t2d``; :mod:`.draft`,
    :mod:`.train`) with ``recipe.json`` (timings, held-out acceptance estimate) and
@@ -55,6 +58,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="train the LM head too (default: frozen at the target's rows)")
     p.add_argument("--no-fc-norm", action="store_true",
                    help="no per-layer RMSNorm of the target features before fc")
+    p.add_argument("--soft-targets", action="store_true",
+                   help="train on the target's distribution over the draft vocabulary (from its final "
+                        "hidden states, captured with the features) instead of its greedy token only")
     p.add_argument("--ttt-steps", type=int, default=3, help="training-time-test chain steps")
     p.add_argument("--eval-steps", type=int, default=3, help="chain steps of the acceptance estimate")
     p.add_argument("--save-dtype", choices=("float32", "float16", "bfloat16"), default="float16",
@@ -176,6 +182,23 @@ def _generate(args: argparse.Namespace, parts, progress: bool):
     return seqs, len(own)
 
 
+def _save_rows(path: str, key: str, ids: List[str], rows: list) -> None:
+    import torch
+
+    torch.save({"ids": ids, key: rows}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def _load_rows(path: str, key: str, seqs) -> list:
+    """Per-sequence tensors saved by stage 3, checked against ``sequences.json``."""
+    import torch
+
+    saved = torch.load(path, weights_only=False)
+    if saved["ids"] != [s.id for s in seqs]:
+        raise SystemExit(f"error: {path} does not match sequences.json; delete it to recapture")
+    return saved[key]
+
+
 def run(args: argparse.Namespace) -> str:
     import torch
 
@@ -231,19 +254,23 @@ def run(args: argparse.Namespace) -> str:
     from sglang_ext.recipe import features as feat_mod
 
     feat_path = os.path.join(args.out, "features.pt")
+    final_path = os.path.join(args.out, "final_hidden.pt")
     target = None
-    if not os.path.exists(feat_path):
+    need_final = args.soft_targets and not os.path.exists(final_path)
+    if not os.path.exists(feat_path) or need_final:
         t0 = time.perf_counter()
         target = _load_target(args.target)
-        feats = feat_mod.capture_all(target, [s.ids for s in seqs], progress=progress)
-        torch.save({"ids": [s.id for s in seqs], "features": feats}, feat_path + ".tmp")
-        os.replace(feat_path + ".tmp", feat_path)
+        got = feat_mod.capture_all(target, [s.ids for s in seqs], progress=progress, with_final=args.soft_targets)
+        feats, finals = got if args.soft_targets else (got, None)
+        ids = [s.id for s in seqs]
+        if not os.path.exists(feat_path):
+            _save_rows(feat_path, "features", ids, feats)
+        if finals is not None:
+            _save_rows(final_path, "final_hidden", ids, finals)
         _timed(timings, "features_s", t0)
         save_timings()
-    saved = torch.load(feat_path, weights_only=False)
-    if saved["ids"] != [s.id for s in seqs]:
-        raise SystemExit(f"error: {feat_path} does not match sequences.json; delete it to recapture")
-    features = saved["features"]
+    features = _load_rows(feat_path, "features", seqs)
+    final_hidden = _load_rows(final_path, "final_hidden", seqs) if args.soft_targets else None
     if args.stop_after == "features":
         return feat_path
 
@@ -271,9 +298,13 @@ def run(args: argparse.Namespace) -> str:
                       ttt_steps=args.ttt_steps, seed=args.seed, freeze_lm_head=not args.train_lm_head)
     ho_args = ([seqs[i].ids for i in ho], [seqs[i].prompt_len for i in ho], [features[i] for i in ho])
     evaluate = lambda: chain_acceptance(draft, *ho_args, num_steps=args.eval_steps)  # noqa: E731
+    soft_kwargs = {}
+    if final_hidden is not None:  # the target's LM-head rows of the draft vocabulary (frozen copy)
+        soft_kwargs = {"final_hidden": [final_hidden[i] for i in tr],
+                       "target_head": target.get_output_embeddings().weight[draft_ids].detach().clone()}
     record = train_draft(draft, target_to_draft, [seqs[i].ids for i in tr],
                          [seqs[i].prompt_len for i in tr], [features[i] for i in tr], cfg,
-                         progress, evaluate)
+                         progress, evaluate, **soft_kwargs)
     covered = sum(int(target_to_draft[t] >= 0) for i in ho for t in seqs[i].ids[seqs[i].prompt_len:])
     answer_tokens = sum(len(seqs[i].ids) - seqs[i].prompt_len for i in ho)
     _timed(timings, "train_s", t0)
@@ -293,7 +324,7 @@ def run(args: argparse.Namespace) -> str:
         "split": {k: [p.id for p in v] for k, v in parts.items()},
         "self_prompts": sum(1 for s in seqs if s.id.startswith("self:")),
         "timings_s": timings,
-        "train": {k: record[k] for k in ("steps", "seconds", "config", "evals")},
+        "train": {k: record[k] for k in ("steps", "seconds", "config", "evals", "soft_targets")},
         "final_loss": round(sum(record["losses"][-10:]) / max(1, len(record["losses"][-10:])), 4),
         "args": {k: v for k, v in vars(args).items() if k not in ("target", "out", "data_cache")},
     }

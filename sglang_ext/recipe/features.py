@@ -8,7 +8,9 @@ forward with ``output_hidden_states=True`` (index 0 = the embeddings), so the fe
 position ``p`` are ``cat(hidden_states[2][p], hidden_states[L//2][p], hidden_states[L-3][p])``
 (``tests/unit/test_recipe_eagle3.py`` guards the rule against the installed SGLang).
 
-The forward stops after layer ``L - 3`` (later layers and the LM head are not needed).
+The forward stops after layer ``L - 3`` (later layers and the LM head are not needed), unless
+the final normed hidden state is asked for too (``with_final``: the LM head's input, from which
+the recipe's ``--soft-targets`` computes the target's distribution over the draft vocabulary).
 No SGLang import.
 """
 
@@ -33,7 +35,7 @@ def draft_layer_ids(num_layers: int) -> List[int]:
 
 
 @torch.no_grad()
-def capture(target, input_ids: torch.Tensor) -> torch.Tensor:
+def capture(target, input_ids: torch.Tensor, with_final: bool = False):
     """EAGLE3 features of right-padded sequences.
 
     Parameters
@@ -41,14 +43,21 @@ def capture(target, input_ids: torch.Tensor) -> torch.Tensor:
     target : transformers ``LlamaForCausalLM`` (any model whose ``.model`` has ``.layers``)
     input_ids : torch.Tensor
         ``# [batch_size, seq_len]``
+    with_final : bool
+        Also return the target's final normed hidden state (its LM head's input), the source
+        of the soft training targets (``--soft-targets``); runs every layer.
 
     Returns
     -------
-    torch.Tensor
-        ``# [batch_size, seq_len, 3 * hidden_size]`` (the target's dtype).
+    torch.Tensor or (torch.Tensor, torch.Tensor)
+        ``# [batch_size, seq_len, 3 * hidden_size]`` (the target's dtype); with ``with_final``
+        also ``# [batch_size, seq_len, hidden_size]``.
     """
     ids = aux_layer_ids(target.config.num_hidden_layers)
     body = target.model
+    if with_final:
+        out = body(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+        return torch.cat([out.hidden_states[i] for i in ids], dim=-1), out.last_hidden_state
     layers = body.layers
     # hidden_states[i] is the input of layer i; keep one layer past the last tap, so that the
     # tapped entry is never the final (normed) one.
@@ -63,8 +72,10 @@ def capture(target, input_ids: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def capture_all(target, sequences: Sequence[Sequence[int]], batch_tokens: int = 4096,
-                progress: bool = True, dtype: torch.dtype = torch.float16) -> List[torch.Tensor]:
-    """Features of every sequence, ``# [len_i, 3 * hidden_size]`` each, stored in ``dtype``.
+                progress: bool = True, dtype: torch.dtype = torch.float16, with_final: bool = False):
+    """Features of every sequence, ``# [len_i, 3 * hidden_size]`` each, stored in ``dtype``;
+    with ``with_final`` also the final normed hidden states ``# [len_i, hidden_size]`` (a
+    second list).
 
     Sequences are grouped by length into batches of about ``batch_tokens`` padded tokens.
     """
@@ -82,15 +93,19 @@ def capture_all(target, sequences: Sequence[Sequence[int]], batch_tokens: int = 
     if cur:
         chunks.append(cur)
     out: List[torch.Tensor] = [None] * len(sequences)  # type: ignore[list-item]
+    finals: List[torch.Tensor] = [None] * len(sequences)  # type: ignore[list-item]
     bar = tqdm(total=sum(len(s) for s in sequences), desc="features", unit="tok", disable=not progress)
     for chunk in chunks:
         S = max(len(sequences[i]) for i in chunk)
         ids = torch.zeros(len(chunk), S, dtype=torch.long)
         for r, i in enumerate(chunk):
             ids[r, : len(sequences[i])] = torch.tensor(sequences[i])
-        feats = capture(target, ids)
+        got = capture(target, ids, with_final=with_final)
+        feats, final = got if with_final else (got, None)
         for r, i in enumerate(chunk):
             out[i] = feats[r, : len(sequences[i])].to(dtype).clone()
+            if final is not None:
+                finals[i] = final[r, : len(sequences[i])].to(dtype).clone()
         bar.update(sum(len(sequences[i]) for i in chunk))
     bar.close()
-    return out
+    return (out, finals) if with_final else out

@@ -3,7 +3,11 @@
 Loss: for every chain step ``k`` of :meth:`Eagle3DraftModel.ttt_hidden`, cross-entropy over
 the draft vocabulary of the answer tokens (prompt tokens and tokens outside the draft
 vocabulary are not scored), weighted ``step_decay ** k``; the LM head runs only on scored
-rows.
+rows.  The label is the target's greedy token (hard) or, with soft targets
+(``final_hidden`` and ``target_head`` given), the target's whole distribution restricted to
+the draft vocabulary, ``softmax(target_head @ final_hidden[p + 1 + k])`` for the token at
+``p + 2 + k`` (:func:`soft_step_targets`): the ranking of the target's alternatives is
+information the greedy token alone does not carry, which matters when the data is small.
 
 Acceptance estimate (:func:`chain_acceptance`): SGLang's greedy chain speculation replayed
 offline on the target's own greedy answers: after each verify the draft proposes
@@ -17,7 +21,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +77,47 @@ def step_labels(ids: torch.Tensor, prompt_lens: torch.Tensor, lengths: torch.Ten
     return shift_step_labels(mapped, num_steps, NOT_IN_DRAFT_VOCAB)
 
 
+def soft_step_targets(final_hidden: torch.Tensor, num_steps: int) -> List[torch.Tensor]:
+    """The target's final hidden state that predicts each chain step's label: step ``k`` at
+    index ``p`` gets ``final_hidden[:, p + 1 + k]`` (the target's prediction of
+    ``ids[p + 2 + k]``, the label :func:`step_labels` puts there), zeros past the end.
+
+    Parameters
+    ----------
+    final_hidden : torch.Tensor
+        ``# [batch_size, seq_len, hidden_size]``
+
+    Returns
+    -------
+    list of torch.Tensor
+        ``num_steps`` tensors ``# [batch_size, seq_len - 1, hidden_size]``.
+
+    Examples
+    --------
+    >>> h = torch.arange(5.0).view(1, 5, 1)
+    >>> [t.flatten().tolist() for t in soft_step_targets(h, 2)]
+    [[1.0, 2.0, 3.0, 4.0], [2.0, 3.0, 4.0, 0.0]]
+    """
+    B, S, H = final_hidden.shape
+    pad = torch.cat([final_hidden, final_hidden.new_zeros(B, num_steps, H)], dim=1)
+    return [pad[:, 1 + k : S + k] for k in range(num_steps)]
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over rows of ``-sum(softmax(target_logits) * log_softmax(logits))``.
+
+    ``logits`` and ``target_logits``: ``# [rows, draft_vocab_size]``.
+
+    Examples
+    --------
+    >>> t = torch.tensor([[0.0, 0.0]])
+    >>> round(float(soft_cross_entropy(torch.tensor([[0.0, 0.0]]), t)), 4)  # log 2
+    0.6931
+    """
+    q = torch.softmax(target_logits.float(), dim=-1)
+    return -(q * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+
+
 def make_batches(lengths: Sequence[int], batch_tokens: int, seed: int, epoch: int) -> List[List[int]]:
     """Length-grouped batches of sequence indices (shuffled per epoch, deterministic)."""
     rng = random.Random(f"sglang_ext-recipe-{seed}-{epoch}")
@@ -89,23 +134,42 @@ def make_batches(lengths: Sequence[int], batch_tokens: int, seed: int, epoch: in
     return batches
 
 
+def pad_rows(rows: Sequence[torch.Tensor], idx: Sequence[int], seq_len: int) -> torch.Tensor:
+    """``rows[i]`` (``# [len_i, D]``) for ``i`` in ``idx``, right-padded with zeros to
+    ``# [len(idx), seq_len, D]`` fp32."""
+    out = torch.zeros(len(idx), seq_len, rows[idx[0]].shape[-1])
+    for r, i in enumerate(idx):
+        out[r, : rows[i].shape[0]] = rows[i].float()
+    return out
+
+
 def collate(seqs: Sequence[Sequence[int]], prompt_lens: Sequence[int],
             features: Sequence[torch.Tensor], idx: Sequence[int]):
     """Right-padded ``ids`` ``# [B, S]``, ``feats`` ``# [B, S, 3H]`` fp32, ``prompt_lens``, ``lengths`` ``# [B]``."""
     S = max(len(seqs[i]) for i in idx)
     ids = torch.zeros(len(idx), S, dtype=torch.long)
-    feats = torch.zeros(len(idx), S, features[idx[0]].shape[-1])
     for r, i in enumerate(idx):
         ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
-        feats[r, : len(seqs[i])] = features[i].float()
-    return (ids, feats, torch.tensor([prompt_lens[i] for i in idx]),
+    return (ids, pad_rows(features, idx, S), torch.tensor([prompt_lens[i] for i in idx]),
             torch.tensor([len(seqs[i]) for i in idx]))
 
 
 def train_draft(draft: Eagle3DraftModel, target_to_draft: torch.Tensor, seqs: Sequence[Sequence[int]],
                 prompt_lens: Sequence[int], features: Sequence[torch.Tensor], cfg: TrainConfig,
-                progress: bool = True, eval_fn=None) -> Dict:
-    """Train in place; returns the record (losses, per-step accuracies, seconds)."""
+                progress: bool = True, eval_fn=None,
+                final_hidden: Optional[Sequence[torch.Tensor]] = None,
+                target_head: Optional[torch.Tensor] = None) -> Dict:
+    """Train in place; returns the record (losses, per-step accuracies, seconds).
+
+    ``final_hidden`` (per sequence ``# [len_i, hidden_size]``, the target's final normed hidden
+    states) with ``target_head`` (``# [draft_vocab_size, hidden_size]``, the target's LM-head
+    rows of the draft vocabulary) switch the loss to soft targets (see the module docstring).
+    """
+    soft = final_hidden is not None
+    if soft and target_head is None:
+        raise ValueError("soft targets need target_head (the target's LM-head rows of the draft vocabulary)")
+    if soft:
+        target_head = target_head.detach().float()
     from tqdm import tqdm
 
     lengths = [len(s) for s in seqs]
@@ -129,6 +193,7 @@ def train_draft(draft: Eagle3DraftModel, target_to_draft: torch.Tensor, seqs: Se
                 g["lr"] = lr_at(step, total, cfg.lr, cfg.warmup)
             ids, feats, plen, lens = collate(seqs, prompt_lens, features, idx)
             labels = step_labels(ids, plen, lens, target_to_draft, cfg.ttt_steps)
+            soft_in = soft_step_targets(pad_rows(final_hidden, idx, ids.shape[1]), cfg.ttt_steps) if soft else None
             draft.train()
             hidden = draft.ttt_hidden(ids, feats, cfg.ttt_steps)
             loss = 0.0
@@ -141,7 +206,12 @@ def train_draft(draft: Eagle3DraftModel, target_to_draft: torch.Tensor, seqs: Se
                     continue
                 logits = draft.logits(h[valid])  # [n_valid, draft_vocab]
                 w = cfg.step_decay ** k
-                loss = loss + w * F.cross_entropy(logits, lab[valid])
+                if soft:
+                    with torch.no_grad():
+                        t_logits = soft_in[k][valid] @ target_head.t()  # [n_valid, draft_vocab]
+                    loss = loss + w * soft_cross_entropy(logits, t_logits)
+                else:
+                    loss = loss + w * F.cross_entropy(logits, lab[valid])
                 wsum += w
                 step_acc.append(float((logits.argmax(-1) == lab[valid]).float().mean()))
             loss = loss / max(wsum, 1e-9)
@@ -160,7 +230,7 @@ def train_draft(draft: Eagle3DraftModel, target_to_draft: torch.Tensor, seqs: Se
         if step >= total:
             break
     bar.close()
-    return {"losses": losses, "accs": accs, "evals": evals, "steps": step,
+    return {"losses": losses, "accs": accs, "evals": evals, "steps": step, "soft_targets": soft,
             "seconds": round(time.perf_counter() - t0, 1), "config": asdict(cfg)}
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import types
 import zipfile
 
@@ -147,6 +148,66 @@ def test_stage_b_features_equal_full_forward(target, sequences):
         ref = torch.cat([out.hidden_states[i] for i in (2, 4, 5)], dim=-1)[0]
         assert f.shape == ref.shape
         torch.testing.assert_close(f, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_stage_b_final_hidden_is_the_lm_head_input(target, sequences):
+    """``with_final``: the aux features unchanged, the final states give the target's logits."""
+    seqs = [s.ids for s in sequences["seqs"][:4]]
+    feats, finals = feat_mod.capture_all(target, seqs, batch_tokens=10**6, progress=False, dtype=torch.float32,
+                                         with_final=True)
+    plain = feat_mod.capture_all(target, seqs, batch_tokens=10**6, progress=False, dtype=torch.float32)
+    for s, f, h, p in zip(seqs, feats, finals, plain):
+        torch.testing.assert_close(f, p, rtol=1e-5, atol=1e-5)
+        logits = target(input_ids=torch.tensor([s])).logits[0]
+        assert h.shape == (len(s), 192)
+        torch.testing.assert_close(target.get_output_embeddings()(h), logits, rtol=1e-4, atol=1e-4)
+
+
+def test_soft_targets_line_up_with_the_labels(target, sequences):
+    """Soft step targets are the target's predictions of the very tokens ``step_labels``
+    scores: on the target's own greedy answers their argmax over the draft vocabulary is the
+    label wherever the label is in it (a shift by one would fail this)."""
+    seqs = sequences["seqs"][:12]
+    idx = list(range(len(seqs)))
+    _, finals = feat_mod.capture_all(target, [s.ids for s in seqs], progress=False, dtype=torch.float32,
+                                     with_final=True)
+    draft_ids = torch.arange(0, 256, 2)  # every second token: some labels fall outside
+    _, _, t2d = draft_mod.vocab_maps(draft_ids, 256)
+    head = target.get_output_embeddings().weight[draft_ids]
+    ids, _, plen, lens = train_mod.collate([s.ids for s in seqs], [s.prompt_len for s in seqs],
+                                           [torch.zeros(len(s.ids), 1) for s in seqs], idx)
+    labels = train_mod.step_labels(ids, plen, lens, t2d, 3)
+    soft = train_mod.soft_step_targets(train_mod.pad_rows(finals, idx, ids.shape[1]), 3)
+    checked = 0
+    for lab, h in zip(labels, soft):
+        valid = lab != draft_mod.NOT_IN_DRAFT_VOCAB
+        pred = (h[valid] @ head.t()).argmax(-1)
+        assert torch.equal(pred, lab[valid])
+        checked += int(valid.sum())
+    assert checked > 100
+
+
+def test_soft_target_training_lowers_the_loss(target, sequences):
+    seqs = sequences["seqs"]
+    tr = [i for i, s in enumerate(seqs) if s.split == "train"][:24]
+    feats, finals = feat_mod.capture_all(target, [seqs[i].ids for i in tr], progress=False, with_final=True)
+    spec = draft_mod.DraftSpec.from_target_config(target.config, DRAFT_VOCAB)
+    draft_ids = draft_mod.select_draft_vocab([seqs[i].ids for i in tr], spec.vocab_size, DRAFT_VOCAB,
+                                             sequences["eos"])
+    _, _, t2d = draft_mod.vocab_maps(draft_ids, spec.vocab_size)
+    torch.manual_seed(0)
+    draft = draft_mod.Eagle3DraftModel(spec, target.get_input_embeddings().weight, draft_ids)
+    draft.init_from_target(target)
+    cfg = train_mod.TrainConfig(epochs=4, batch_tokens=1024, lr=3e-3, warmup=2)
+    with pytest.raises(ValueError, match="target_head"):
+        train_mod.train_draft(draft, t2d, [seqs[i].ids for i in tr], [seqs[i].prompt_len for i in tr], feats,
+                              cfg, progress=False, final_hidden=finals)
+    rec = train_mod.train_draft(draft, t2d, [seqs[i].ids for i in tr], [seqs[i].prompt_len for i in tr], feats,
+                                cfg, progress=False, final_hidden=finals,
+                                target_head=target.get_output_embeddings().weight[draft_ids])
+    assert rec["soft_targets"] is True and rec["steps"] >= 8
+    losses = rec["losses"]
+    assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
 
 
 def test_vocab_maps_are_sglang_hot_token_ids():
@@ -300,6 +361,22 @@ def test_cli_end_to_end_and_resume(tmp_path):
     p2 = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p2.returncode == 0 and "draft already trained" in p2.stderr
     assert p2.stdout.strip().splitlines()[-1] == draft_dir and "[generate]" not in p2.stderr
+    # --soft-targets on the same answers: stage 3 adds final_hidden.pt (features.pt kept), no engine.
+    soft_out = str(tmp_path / "soft")
+    os.makedirs(soft_out)
+    for f in ("split.json", "sequences.json", "self_prompts.json", "timings.json"):
+        shutil.copyfile(os.path.join(out, f), os.path.join(soft_out, f))
+    os.link(os.path.join(out, "features.pt"), os.path.join(soft_out, "features.pt"))  # same inode
+    feat_mtime = os.path.getmtime(os.path.join(out, "features.pt"))
+    soft_cmd = [a if a != out else soft_out for a in cmd] + ["--soft-targets"]
+    p4 = subprocess.run(soft_cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p4.returncode == 0, p4.stderr[-3000:]
+    assert "[generate]" not in p4.stderr and os.path.exists(os.path.join(soft_out, "final_hidden.pt"))
+    assert os.path.getmtime(os.path.join(soft_out, "features.pt")) == feat_mtime
+    with open(os.path.join(soft_out, "draft", "recipe.json")) as f:
+        soft_rec = json.load(f)
+    assert soft_rec["train"]["soft_targets"] is True and rec["train"]["soft_targets"] is False
+    assert soft_rec["args"]["soft_targets"] is True
     # A bad target is one line, exit code 2.
     p3 = subprocess.run([sys.executable, "-m", "sglang_ext.recipe.eagle3", "--target", str(tmp_path),
                          "--out", out], capture_output=True, text=True, cwd=ROOT, timeout=120)
