@@ -623,8 +623,13 @@ class DraftOffParams:
         tokens per ms of the current one before the server switches.
     min_dwell : int
         Steps a choice is kept at least after a switch. While drafting is off it is also the
-        number of draft-off steps between two *probe* steps (one drafted step that refreshes the
-        estimate, since a draft-off step yields no draft confidences).
+        first number of draft-off steps before a *probe* step (one drafted step that refreshes
+        the estimate, since a draft-off step yields no draft confidences).
+    max_probe_interval : int
+        Probe back-off: each probe that keeps drafting off doubles the number of draft-off steps
+        before the next probe, up to this many (a probe costs a drafted step, about twice a
+        draft-off one at high batch sizes); switching drafting on resets it to ``min_dwell``.
+        ``max_probe_interval = min_dwell`` probes at a fixed interval.
     alpha : float
         Weight of the newest drafted step in the smoothed per-request gains (EWMA), in (0, 1].
     """
@@ -632,6 +637,7 @@ class DraftOffParams:
     margin: float = 0.05
     min_dwell: int = 8
     alpha: float = 0.25
+    max_probe_interval: int = 64
 
     def __post_init__(self) -> None:
         if not (self.margin >= 0.0 and math.isfinite(self.margin)):
@@ -640,6 +646,9 @@ class DraftOffParams:
             raise ValueError(f"draft-off min_dwell must be >= 1, got {self.min_dwell}")
         if not (0.0 < self.alpha <= 1.0):
             raise ValueError(f"draft-off alpha must be in (0, 1], got {self.alpha}")
+        if int(self.max_probe_interval) < int(self.min_dwell):
+            raise ValueError(f"draft-off max_probe_interval must be >= min_dwell ({self.min_dwell}), "
+                             f"got {self.max_probe_interval}")
 
 
 @dataclass(frozen=True)
@@ -657,12 +666,16 @@ class DraftOffState:
     gains : tuple of float or None
         Smoothed expected accepted drafts *per request* at each tier, ``S_q / bs``, from the
         planner of drafted steps (:func:`observe_draft_gains`); None before the first one.
+    probe_interval : int
+        Draft-off steps before the next probe (0: ``min_dwell``; doubled by each probe that keeps
+        drafting off, up to ``max_probe_interval``).
     """
 
     drafting: bool = True
     dwell: int = 0
     probed: bool = False
     gains: Optional[tuple[float, ...]] = None
+    probe_interval: int = 0
 
 
 @dataclass(frozen=True)
@@ -723,9 +736,12 @@ def draft_off_decision(
 
     * no estimate yet, or no draft-off costs in the table: draft (state ``dwell`` counts on);
     * drafting: switch off when ``dwell >= D`` and ``U_off > (1 + m) * U_draft``;
-    * drafting off: stay off for ``D`` steps, then draft one *probe* step (the planner plans it as
-      usual and refreshes ``g``); the step after a probe drafts again (switch on) only if
-      ``U_draft > (1 + m) * U_off``, else it starts another ``D`` off steps.
+    * drafting off: switch on at once when ``U_draft > (1 + m) * U_off`` with the gains at hand
+      (the batch size moved to where drafting pays); otherwise stay off for ``I`` steps, then
+      draft one *probe* step (the planner plans it as usual and refreshes ``g``); the step after
+      a probe drafts again (switch on) only if ``U_draft > (1 + m) * U_off``, else it starts
+      another run of off steps with ``I`` doubled (``I`` starts at ``D``, at most
+      ``max_probe_interval``; back to ``D`` when drafting switches on).
 
     Returns the decision and the next state (the input is not changed).
 
@@ -753,16 +769,19 @@ def draft_off_decision(
     u_draft = max(bs * (1.0 + g) / c for g, c in zip(state.gains, costs))
     better_off = u_off > (1.0 + params.margin) * u_draft
     better_draft = u_draft > (1.0 + params.margin) * u_off
+    interval = int(state.probe_interval) or dwell
     if state.drafting:
         if state.dwell >= dwell and better_off:
-            nxt = DraftOffState(drafting=False, dwell=1, probed=False, gains=state.gains)
+            nxt = DraftOffState(drafting=False, dwell=1, probed=False, gains=state.gains, probe_interval=dwell)
             return DraftOffDecision(True, nxt, u_off, u_draft)
         nxt = dataclasses.replace(state, dwell=state.dwell + 1, probed=False)
         return DraftOffDecision(False, nxt, u_off, u_draft)
-    if state.probed:  # the estimate was just refreshed by a probe
-        if better_draft:
-            return DraftOffDecision(False, DraftOffState(True, 1, False, state.gains), u_off, u_draft)
-        return DraftOffDecision(True, DraftOffState(False, 1, False, state.gains), u_off, u_draft)
-    if state.dwell >= dwell:  # probe: one drafted step
-        return DraftOffDecision(False, DraftOffState(False, 0, True, state.gains), u_off, u_draft, probe=True)
+    if better_draft:  # after a probe, or the batch size moved to where drafting pays
+        return DraftOffDecision(False, DraftOffState(True, 1, False, state.gains), u_off, u_draft)
+    if state.probed:  # the probe confirmed draft-off: back off before the next one
+        longer = min(2 * interval, max(int(params.max_probe_interval), dwell))
+        return DraftOffDecision(True, DraftOffState(False, 1, False, state.gains, longer), u_off, u_draft)
+    if state.dwell >= interval:  # probe: one drafted step
+        return DraftOffDecision(False, DraftOffState(False, 0, True, state.gains, interval), u_off, u_draft,
+                                probe=True)
     return DraftOffDecision(True, dataclasses.replace(state, dwell=state.dwell + 1), u_off, u_draft)

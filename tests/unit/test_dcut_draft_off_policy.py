@@ -33,12 +33,13 @@ def _table(off=True):
 class Reference:
     """The rules of the docstring, written as an explicit three-phase machine over plain lists."""
 
-    def __init__(self, table_rows, table_bs, off_ms, margin, dwell, alpha):
+    def __init__(self, table_rows, table_bs, off_ms, margin, dwell, alpha, max_interval):
         self.rows, self.bss, self.off = table_rows, table_bs, off_ms
-        self.margin, self.dwell, self.alpha = margin, dwell, alpha
+        self.margin, self.dwell, self.alpha, self.max_interval = margin, dwell, alpha, max_interval
         self.phase = "draft"  # "draft", "off", "after_probe"
         self.count = 0  # steps in the current phase
         self.gain = None  # per tier
+        self.interval = dwell  # off steps before the next probe
 
     def _row(self, bs):
         i = next((i for i, b in enumerate(self.bss) if b >= bs), len(self.bss) - 1)
@@ -56,17 +57,18 @@ class Reference:
         u_on = max(bs * (1 + self.gain[q]) / costs[q] for q in range(len(costs)))
         if self.phase == "draft":
             if self.count >= self.dwell and u_off > u_on * (1 + self.margin):
-                self.phase, self.count = "off", 1
+                self.phase, self.count, self.interval = "off", 1, self.dwell
                 return True
             self.count += 1
             return False
+        if u_on > u_off * (1 + self.margin):  # after a probe, or drafting pays at this bs
+            self.phase, self.count = "draft", 1
+            return False
         if self.phase == "after_probe":
-            if u_on > u_off * (1 + self.margin):
-                self.phase, self.count = "draft", 1
-                return False
+            self.interval = min(self.interval * 2, self.max_interval)
             self.phase, self.count = "off", 1
             return True
-        if self.count >= self.dwell:  # probe
+        if self.count >= self.interval:  # probe
             self.phase, self.count = "after_probe", 0
             return False
         self.count += 1
@@ -94,7 +96,7 @@ def _run_policy(events, table, params):
 def _run_reference(events, table, params):
     ref = Reference([list(r) for r in table.step_ms], list(table.batch_sizes),
                     None if table.off_ms is None else list(table.off_ms), params.margin, params.min_dwell,
-                    params.alpha)
+                    params.alpha, params.max_probe_interval)
     offs = []
     for bs, expected in events:
         off = ref.decide(bs)
@@ -120,8 +122,9 @@ def _random_events(rng, n):
 @pytest.mark.parametrize("seed", range(12))
 def test_policy_matches_the_reference(seed):
     rng = random.Random(seed)
-    params = DraftOffParams(margin=rng.choice([0.0, 0.05, 0.2]), min_dwell=rng.choice([1, 3, 8]),
-                            alpha=rng.choice([0.25, 0.5, 1.0]))
+    dwell = rng.choice([1, 3, 8])
+    params = DraftOffParams(margin=rng.choice([0.0, 0.05, 0.2]), min_dwell=dwell,
+                            alpha=rng.choice([0.25, 0.5, 1.0]), max_probe_interval=dwell * rng.choice([1, 4, 16]))
     events = _random_events(rng, 300)
     table = _table()
     got = _run_policy(events, table, params)
@@ -160,11 +163,49 @@ def test_never_off_without_draft_off_costs_or_estimate():
 
 def test_minimum_dwell_probe_and_hysteresis_sequence():
     """Off clearly better: D drafted steps, then runs of D off steps separated by one probe."""
-    params = DraftOffParams(margin=0.05, min_dwell=3)
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3)
     poor = [8 * 1.0] * 4  # no accepted drafts: U_draft = 8 / 3 < U_off = 5.33
     seq = _run_policy([(8, poor)] * 15, _table(), params)
     # step 1 drafts and observes; steps 2-3 draft (dwell 3 not reached before step 4)
     assert seq == [False, False, False, True, True, True, False, True, True, True, False, True, True, True, False]
+
+
+def test_probe_interval_backs_off_to_its_cap():
+    """Each probe that keeps drafting off doubles the next run of off steps: 3, 6, 12, then 12."""
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=12)
+    poor = [8.0] * 4
+    seq = _run_policy([(8, poor)] * 60, _table(), params)
+    runs, cur, probes = [], 0, 0
+    for o in seq[3:]:
+        if o:
+            cur += 1
+        else:
+            runs.append(cur)
+            cur = 0
+            probes += 1
+    assert seq[:3] == [False] * 3
+    assert runs[:4] == [3, 6, 12, 12], runs
+    assert probes == 5  # a fixed interval of 3 would have probed 14 times in these 57 steps
+
+
+def test_off_switches_on_without_a_probe_when_drafting_pays_at_this_batch_size():
+    """Off at bs 64; at the next step the batch is at bs 1, where the gains at hand make drafting
+    pay: that step drafts (no waiting for the next probe); gains that do not pay keep it off."""
+    params = DraftOffParams(margin=0.05, min_dwell=2, max_probe_interval=64, alpha=1.0)
+    # bs 64: U_off = 64 / 3 = 21.3 > 1.05 * U_draft = 1.05 * 64 * 1.6 / 6 = 17.9 -> off
+    s, offs = DraftOffState(), []
+    for _ in range(6):
+        d = draft_off_decision(s, 64, _table(), params)
+        s = d.state
+        offs.append(d.off)
+        if not d.off:
+            s = observe_draft_gains(s, 64, [64 * 1.6] * 4, params)
+    assert offs[-1] and not s.drafting and s.dwell < s.probe_interval  # mid-run, no probe due
+    # bs 1 with gains 1.5: U_0.25 = 2.5 / 2 = 1.25 > 1.05 * U_off = 1.05 -> drafts now
+    d = draft_off_decision(dataclasses_replace(s, gains=(1.5,) * 4), 1, _table(), params)
+    assert not d.off and d.state.drafting and not d.probe and d.state.probe_interval == 0
+    # bs 1 with gains 0.6: U_0.25 = 1.6 / 2 = 0.8 < 1.0 -> stays off
+    assert draft_off_decision(s, 1, _table(), params).off
 
 
 def test_probe_switches_back_on_when_drafting_wins_again():
@@ -215,6 +256,8 @@ def test_gains_come_from_the_auto_planner():
 def test_params_are_checked():
     with pytest.raises(ValueError, match="min_dwell"):
         DraftOffParams(min_dwell=0)
+    with pytest.raises(ValueError, match="max_probe_interval"):
+        DraftOffParams(min_dwell=8, max_probe_interval=4)
     with pytest.raises(ValueError, match="alpha"):
         DraftOffParams(alpha=0.0)
     with pytest.raises(ValueError, match="margin"):

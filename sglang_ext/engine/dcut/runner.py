@@ -940,8 +940,8 @@ class DCutRunner:
         The draft's confidences of this step do not exist yet, so the choice comes from earlier
         steps: :func:`sglang_ext.dcut.draft_off_decision` compares the cost table's draft-off cost
         with every tier's, valued with the planner's smoothed expected accepted drafts per request
-        of the drafted steps (fed by :meth:`choose_step`), with a minimum dwell and periodic probe
-        steps. Only ``--dcut auto`` with ``--dcut-draft-off auto`` and a table holding draft-off
+        of the drafted steps (fed by :meth:`choose_step`), with a minimum dwell and probe steps
+        that back off while they keep confirming draft-off. Only ``--dcut auto`` with ``--dcut-draft-off auto`` and a table holding draft-off
         costs switches drafting off (a table without them is warned about once); fixed ratios
         (configured or ``dcut_force_ratio``) never do. ``forced_draft_off`` (profiling) and
         ``dcut_force_draft_off`` override the choice.
@@ -972,6 +972,7 @@ class DCutRunner:
         st = self.draft_off_state
         return {"setting": getattr(self.cfg, "draft_off", None), "drafting": st.drafting,
                 "gains": None if st.gains is None else [round(g, 4) for g in st.gains],
+                "probe_interval": st.probe_interval or None,
                 "force_every": self.force_draft_off_every,
                 "table_has_costs": None if self.cost_table is None else self.cost_table.has_draft_off}
 
