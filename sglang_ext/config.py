@@ -73,6 +73,9 @@ DRAFT_EXTEND_CHOICES: Tuple[str, ...] = (DRAFT_EXTEND_ACCEPTED, DRAFT_EXTEND_WIN
 DRAFT_OFF_AUTO = "auto"
 DRAFT_OFF_NEVER = "never"
 DRAFT_OFF_CHOICES: Tuple[str, ...] = (DRAFT_OFF_AUTO, DRAFT_OFF_NEVER)
+DRAFT_OFF_EXTEND_DEFER = "defer"
+DRAFT_OFF_EXTEND_ALWAYS = "always"
+DRAFT_OFF_EXTEND_CHOICES: Tuple[str, ...] = (DRAFT_OFF_EXTEND_DEFER, DRAFT_OFF_EXTEND_ALWAYS)
 ONLINE_COSTS_ON = "on"
 ONLINE_COSTS_OFF = "off"
 ONLINE_COSTS_CHOICES: Tuple[str, ...] = (ONLINE_COSTS_ON, ONLINE_COSTS_OFF)
@@ -365,6 +368,11 @@ class DCutConfig:
                         "'auto' when the cost table says a draft-off step commits more tokens per ms than every "
                         "tier, with a minimum dwell; 'never' keeps drafting. Fixed ratios never switch it off.",
                         _parse_str, choices=DRAFT_OFF_CHOICES)
+    draft_off_extend: str = _f(DRAFT_OFF_EXTEND_DEFER, "--dcut-draft-off-extend", "The draft model's extend in "
+                               "draft-off steps: 'defer' skips it and keeps what it would read (the target's "
+                               "captured hidden states), then catches the draft up in one extend in the draft-off "
+                               "step before drafting resumes; 'always' runs SGLang's one-row extend every "
+                               "draft-off step.", _parse_str, choices=DRAFT_OFF_EXTEND_CHOICES)
     online_costs: str = _f(ONLINE_COSTS_ON, "--dcut-online-costs", "Correct --dcut auto's cost table online from "
                            "the wall time of the decode steps the server runs (no device sync): one factor per "
                            "(profiled batch size, tier or draft-off step), used for the tier and draft-off choice "
@@ -399,6 +407,8 @@ class DCutConfig:
                f"expected one of {', '.join(DRAFT_EXTEND_CHOICES)}, got {self.draft_extend!r}")
         _check(self.draft_off in DRAFT_OFF_CHOICES, "--dcut-draft-off",
                f"expected one of {', '.join(DRAFT_OFF_CHOICES)}, got {self.draft_off!r}")
+        _check(self.draft_off_extend in DRAFT_OFF_EXTEND_CHOICES, "--dcut-draft-off-extend",
+               f"expected one of {', '.join(DRAFT_OFF_EXTEND_CHOICES)}, got {self.draft_off_extend!r}")
         _check(self.online_costs in ONLINE_COSTS_CHOICES, "--dcut-online-costs",
                f"expected one of {', '.join(ONLINE_COSTS_CHOICES)}, got {self.online_costs!r}")
         t = tuple(float(x) for x in self.tiers)

@@ -13,6 +13,8 @@ The SGLang glue (``sglang_ext.engine``) calls these functions and nothing else:
 * trees: :class:`TreeTopology`, :func:`cut_links` (same layout, pruned nodes unreachable),
   :func:`compact_tree` (ragged verify inputs), :func:`build_full_mask` (FULL_MASK layout),
   :func:`scatter_to_full` (outputs back to the strided layout);
+* the catch-up draft extend after draft-off steps: :func:`catch_up_layout` (ragged rows in
+  SGLang's uniform window), :func:`row_offsets`;
 * online calibration of the survival scores for the tier choice:
   :class:`~sglang_ext.dcut.calibration.PowerCalibration` (``s -> s ** tau``, monotone).
 
@@ -25,6 +27,7 @@ A typical chain step::
 """
 
 from sglang_ext.dcut.budget import Ranking, rank_chain, rank_tree, select, top_sums
+from sglang_ext.dcut.catch_up import CatchUpLayout, catch_up_layout, row_offsets
 from sglang_ext.dcut.cost_table import (
     COST_TABLE_VERSION,
     CostTable,
@@ -92,6 +95,9 @@ from sglang_ext.dcut.tree import (
 
 __all__ = [
     "COST_TABLE_VERSION",
+    "CatchUpLayout",
+    "catch_up_layout",
+    "row_offsets",
     "CompactTree",
     "CostTable",
     "CostTableError",

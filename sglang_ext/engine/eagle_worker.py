@@ -23,11 +23,18 @@ draft extend over that one row, so the draft's KV and hidden state stay current)
 the draft worker's ``speculative_num_steps`` / ``speculative_num_draft_tokens`` are 0 / 1 for that
 one call and restored after it. The scheduler reads the step's row stride from the result
 (``speculative_num_draft_tokens`` = 1) and the KV reserve of the next step is unchanged.
+With ``--dcut-draft-off-extend defer`` (default) the draft extend of those steps is deferred and
+caught up before drafting resumes (``sglang_ext.engine.dcut.deferred_extend``,
+``patches/draft_off_deferred_extend.md``): for the call, the draft worker's
+``_draft_extend_for_decode`` is shadowed by an instance attribute that routes to
+``DeferredDraftExtend.extend``; a step that would draft while rows are still pending runs
+draft-off once more to catch up first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
@@ -57,10 +64,16 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
             self.draft_capture.extend_forward = self.draft_extend_rows
         self.dcut = None
         self.specexit = None
+        self.deferred_extend = None
         if self.ext_config.dcut.enabled:
             from sglang_ext.engine.dcut.runner import DCutRunner
 
             self.dcut = DCutRunner(self, self.ext_config.dcut)
+            if self._draft_worker is not None:
+                from sglang_ext.engine.dcut.deferred_extend import DeferredDraftExtend
+
+                self.deferred_extend = DeferredDraftExtend(self, self.ext_config.dcut.draft_off_extend,
+                                                           self.dcut.preview_draft_off)
         if self.ext_config.specexit.enabled:
             from sglang_ext.engine.specexit.runner import SpecExitRunner
 
@@ -78,7 +91,16 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
             from sglang_ext.engine.dcut.runner import is_decode_batch
 
             self.dcut.begin_step(is_decode_batch(batch))
-        if self._draft_off_now(batch):
+        if self.deferred_extend is not None and batch.reqs:
+            if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+                self.deferred_extend.drop(batch.reqs)  # a prefill extends their draft itself
+            elif not batch.forward_mode.is_idle():
+                self.deferred_extend.forget_absent(batch)
+        off = self._draft_off_now(batch)
+        if not off and self.deferred_extend is not None and self.deferred_extend.has_pending(batch):
+            logger.warning("D-Cut: a step drafts while deferred draft-extend rows are pending (dropped)")
+            self.deferred_extend.drop(batch.reqs)
+        if off:
             with self._zero_step():
                 result = super().forward_batch_generation(batch, on_publish=on_publish,
                                                           grammar_barrier=grammar_barrier,
@@ -110,8 +132,6 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
             return False
         if batch.spec_info.is_verify_input() or self.speculative_num_steps == 0:
             return False
-        if not self.dcut.draft_off_for_step(int(batch.seq_lens.shape[0])):
-            return False
         from sglang.srt.environ import envs
 
         if envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.get():  # would leave the draft model stale
@@ -120,7 +140,15 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
                 logger.warning("D-Cut: draft-off steps disabled: SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND would skip "
                                "the draft extend of a zero-step round and leave the draft model stale")
             return False
-        return True
+        bs = int(batch.seq_lens.shape[0])
+        deferred = self.deferred_extend
+        if deferred is not None and deferred.has_pending(batch) and not self.dcut.preview_draft_off(bs):
+            # This step would draft, but the draft still misses deferred rows: run it draft-off once
+            # more and catch up in its extend (the choice is not advanced, so the next step drafts).
+            deferred.flush_requested = True
+            deferred.stats.extra_draft_off_steps += 1
+            return True
+        return self.dcut.draft_off_for_step(bs)
 
     @contextlib.contextmanager
     def _zero_step(self):
@@ -133,9 +161,15 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
         self.speculative_num_steps, self.speculative_num_draft_tokens = 0, 1
         dw.speculative_num_steps, dw.speculative_num_draft_tokens = 0, 1
         self.dcut.step_draft_off = True
+        deferred = self.deferred_extend
+        defer = deferred is not None and self.dcut.forced_draft_off is None  # the profiler times SGLang's step
+        if defer:  # shadow the draft worker's extend for this call (instance attribute, removed below)
+            dw._draft_extend_for_decode = functools.partial(deferred.extend, type(dw)._draft_extend_for_decode.__get__(dw))
         try:
             yield
         finally:
+            if defer:
+                dw.__dict__.pop("_draft_extend_for_decode", None)
             self.dcut.step_draft_off = False
             (self.speculative_num_steps, self.speculative_num_draft_tokens, dw.speculative_num_steps,
              dw.speculative_num_draft_tokens) = saved

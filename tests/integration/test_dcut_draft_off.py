@@ -22,7 +22,11 @@ the draft-off steps are counted in the tier histogram (``draft_off``) and the ``
 metrics; every KV slot is back after the runs. With SpecExit on and two of every three steps
 without drafting, the exits still happen and keep the prefix property (the output equals the
 reference up to the exit, which follows a paragraph break). The timing of a draft-off step
-against a drafted one is printed (``-s``), from the opt-in per-step time split.
+against a drafted one is printed (``-s``), from the opt-in per-step time split, with the draft
+extend of draft-off steps deferred (default) and run every step. ``--dcut-draft-off-extend``:
+``defer`` against ``always`` with two of every three steps without drafting -- both lossless, every
+deferred row caught up (or dropped with its finished request) before drafting resumes, and no
+more steps than with the extend run every step.
 
 Budget: CI tier < 4 min (two engine starts of ~40 s, five 16-problem runs on the chain, four
 8-problem runs on the tree, one HF greedy pass).
@@ -149,6 +153,42 @@ def check_draft_off(eng, prompts, hf_ref=None):
     return ref
 
 
+def check_deferred_extend(eng, prompts, ref):
+    """``--dcut-draft-off-extend defer`` (the default) against ``always`` (SGLang's one-row extend
+    every draft-off step), two of every three steps without drafting: both equal the reference,
+    the deferred rows are caught up before every drafted step, and the drafted steps accept as
+    much as with the draft extended every step (a draft that missed the skipped rows would need
+    more steps for the same outputs)."""
+    from sglang_ext.engine.dcut.client import set_draft_off_extend
+
+    steps_of = {}
+    try:
+        for mode in ("always", "defer"):
+            assert set_draft_off_extend(eng, mode)
+            before = _state(eng)["draft_off_extend"]
+            outs, steps, off, _ = _run(eng, prompts, FULL, 3)
+            after = _state(eng)["draft_off_extend"]
+            got = [(o["output_ids"], o["meta_info"]["finish_reason"]["type"]) for o in outs]
+            bad = [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
+            assert not bad, f"draft-off extend {mode}: {len(bad)} outputs differ from full verification"
+            delta = {k: after[k] - before[k] for k in ("deferred_rows", "catch_ups", "caught_up_rows", "dropped_rows")}
+            if mode == "always":
+                assert delta["deferred_rows"] == 0 and delta["catch_ups"] == 0, delta
+            else:
+                # every drafted step after a draft-off run follows a catch-up; every deferred row
+                # is caught up, or dropped with its finished request (at the next decode batch: the
+                # rows of requests that finished in the run's last steps are still held)
+                assert delta["catch_ups"] >= (steps - off) // 2 and delta["deferred_rows"] > 0, delta
+                held = after["pending_rows"] - before["pending_rows"]
+                assert delta["caught_up_rows"] + delta["dropped_rows"] + held == delta["deferred_rows"], delta
+                assert after["pending_requests"] <= len(prompts)
+            steps_of[mode] = steps
+            print(f"draft-off extend {mode}: {steps} steps ({off} draft-off), {delta}")
+    finally:
+        set_draft_off_extend(eng, "defer")
+    assert steps_of["defer"] <= 1.05 * steps_of["always"], steps_of
+
+
 def check_specexit(eng, prompts, ref):
     """SpecExit across draft-off steps: exits happen, with the prefix property."""
     outs, steps, off, _ = _run(eng, prompts, FULL, 3, custom={"specexit_enable": True})
@@ -182,12 +222,14 @@ def _time_modes(eng, prompts, label):
     """Wall time per step of all-draft-off against full drafting (printed, not asserted)."""
     import time
 
-    from sglang_ext.engine.dcut.client import set_force_draft_off, set_force_ratio
+    from sglang_ext.engine.dcut.client import set_draft_off_extend, set_force_draft_off, set_force_ratio
 
     rows = []
     try:
-        for name, every in (("drafting", 0), ("draft-off", 1)):
+        for name, every, extend in (("drafting", 0, "defer"), ("draft-off, extend deferred", 1, "defer"),
+                                    ("draft-off, extend every step", 1, "always")):
             assert set_force_ratio(eng, FULL) and set_force_draft_off(eng, every)
+            assert set_draft_off_extend(eng, extend)
             before = _state(eng)["metrics"]
             t0 = time.perf_counter()
             _generate(eng, prompts, SPECEXIT_OFF)
@@ -205,6 +247,7 @@ def _time_modes(eng, prompts, label):
     finally:
         set_force_ratio(eng, CONFIGURED)
         set_force_draft_off(eng, 0)
+        set_draft_off_extend(eng, "defer")
     print(f"{label} bs {len(prompts)}: " + "; ".join(rows))
 
 
@@ -218,6 +261,7 @@ def test_chain_draft_off_lossless_with_specexit(tmp_path, prompts16):
     eng = _launch(tmp_path, topk=1, steps=3, n=4)
     try:
         ref = check_draft_off(eng, prompts16, hf)
+        check_deferred_extend(eng, prompts16, ref)
         check_specexit(eng, prompts16, ref)
         _time_modes(eng, prompts16, "chain 3/4")
         print_step_times(eng, "chain 3/4")
@@ -228,7 +272,8 @@ def test_chain_draft_off_lossless_with_specexit(tmp_path, prompts16):
 def test_tree_draft_off_lossless(tmp_path, prompts16):
     eng = _launch(tmp_path, topk=4, steps=3, n=16)
     try:
-        check_draft_off(eng, prompts16[:8])
+        ref = check_draft_off(eng, prompts16[:8])
+        check_deferred_extend(eng, prompts16[:8], ref)
         _time_modes(eng, prompts16[:8], "tree topk 4, 3/16")
     finally:
         eng.shutdown()

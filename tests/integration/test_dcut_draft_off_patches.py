@@ -1,5 +1,6 @@
 """Drift guard for the D-Cut draft-off step (``patches/zero_step_draft_off.md``): the SGLang pieces
-of the zero-step round that ``ExtEAGLEWorker`` runs for one decode step.
+of the zero-step round that ``ExtEAGLEWorker`` runs for one decode step, and those its deferred
+draft extend relies on (``patches/draft_off_deferred_extend.md``).
 
 Budget: < 30 s (imports SGLang's speculative modules; no engine).
 """
@@ -65,3 +66,32 @@ def test_skip_flag_exists():
     from sglang.srt.environ import envs
 
     assert envs.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND.get() in (False, True)
+
+
+def test_deferred_extend_inputs():
+    """What ``DeferredDraftExtend`` hands to / expects from SGLang's draft extend."""
+    from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    stub = EAGLEWorkerV2._stub_skipped_draft_extend
+    assert _params(stub) == ["self", "batch", "batch_output"]
+    src = inspect.getsource(stub)
+    for field in ("next_draft_input.topk_p", "next_draft_input.topk_index", "next_draft_input.hidden_states"):
+        assert field in src
+    ext = EagleDraftWorker._draft_extend_for_decode
+    assert _params(ext) == ["self", "batch", "batch_result", "kv_loc_plan"]
+    src = inspect.getsource(ext)
+    for read in ("batch_result.prepared_draft_extend_inputs", "batch_result.accept_lens",
+                 "batch_result.next_token_ids", "hidden_states=batch_result.logits_output.hidden_states",
+                 "next_draft_input = batch_result.next_draft_input", "kv_loc_plan=kv_loc_plan"):
+        assert read in src, read
+    # the CPU row selection: each request's last row of a uniform window of the draft worker's width
+    assert "len(batch.seq_lens) * self.speculative_num_draft_tokens" in src
+    assert "+ batch_result.accept_lens" in src
+    # the window starts at the batch's seq_lens and writes its out_cache_loc (no widening)
+    prep = inspect.getsource(prepare_for_draft_extend)
+    assert "batch.prefix_lens = [" in prep and "batch.seq_lens_cpu.tolist()" in prep
+    assert "batch.input_ids = predict" in prep
+    assert "forward_batch.seq_lens_cpu = forward_batch.seq_lens_cpu + num_draft_tokens" in prep
+    fbg = inspect.getsource(EAGLEWorkerV2.forward_batch_generation)
+    assert "self.draft_worker._draft_extend_for_decode(" in fbg  # an attribute lookup per call

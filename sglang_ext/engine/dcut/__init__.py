@@ -8,6 +8,8 @@ The maths is in the pure package :mod:`sglang_ext.dcut`; this room wires it into
 * ``profiler``: the launch-time cost table (file, cache or profile) and its publication;
 * ``graphs``: one target-verify CUDA graph per (batch size, tier) (GPU);
 * ``draft_extend``: the eager draft extend over the accepted rows only;
+* ``deferred_extend``: the draft extend of draft-off steps, deferred and caught up in one extend
+  before drafting resumes;
 * ``hooks``: ``HookRegistry`` hooks (tree path scores, ``/server_info``, ``/set_internal_state``);
 * ``client``: read and switch the D-Cut state of a running server (tests, benches).
 

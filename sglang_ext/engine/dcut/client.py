@@ -12,6 +12,8 @@ D-Cut tests and ``bench/dcut_throughput.py``; nothing here runs inside the sched
 * :func:`set_force_draft_off` -- ``dcut_force_draft_off``: decode steps without drafting (1 every
   step, ``k`` all but each k-th, 0 the configured choice);
 * :func:`set_compact` -- ``dcut_compact``: compacted verify, or the cut-links-only oracle;
+* :func:`set_draft_off_extend` -- ``dcut_draft_off_extend``: draft extend of draft-off steps
+  deferred and caught up (``"defer"``) or run every step (``"always"``);
 * :func:`set_draft_extend` -- ``dcut_draft_extend``: eager draft extend over the accepted rows
   (``"accepted"``) or SGLang's full verify window (``"window"``).
 """
@@ -72,6 +74,11 @@ def set_compact(target: Target, compact: bool) -> bool:
 def set_draft_extend(target: Target, rows: str) -> bool:
     """Rows of the eager draft extend: ``"accepted"`` or ``"window"``. True when accepted."""
     return _set_internal_state(target, {"dcut_draft_extend": str(rows)})
+
+
+def set_draft_off_extend(target: Target, mode: str) -> bool:
+    """Draft extend of draft-off steps: ``"defer"`` or ``"always"``. True when accepted."""
+    return _set_internal_state(target, {"dcut_draft_off_extend": str(mode)})
 
 
 def _set_internal_state(target: Target, values: Dict[str, Any]) -> bool:

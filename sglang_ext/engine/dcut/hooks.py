@@ -15,7 +15,9 @@ configured ``--dcut`` mode (used by tests and benches to compare modes on one se
 ``dcut_compact`` 0 switches to the link-cut-only oracle (full-width forward, "Route C"), 1 back
 to the compacted verify; ``dcut_force_draft_off`` ``k`` runs decode steps without drafting (1: every
 step, ``k >= 2``: every step but each k-th, 0: back to the configured choice); ``dcut_draft_extend`` ``"window"`` / ``"accepted"`` switches the rows of
-the eager draft extend (``--dcut-draft-extend``, :mod:`sglang_ext.engine.dcut.draft_extend`).
+the eager draft extend (``--dcut-draft-extend``, :mod:`sglang_ext.engine.dcut.draft_extend`);
+``dcut_draft_off_extend`` ``"defer"`` / ``"always"`` the draft extend of draft-off steps
+(``--dcut-draft-off-extend``, :mod:`sglang_ext.engine.dcut.deferred_extend`).
 
 ``get_init_info`` is the scheduler's start-up handshake; its dict is merged into ``/server_info``
 (and ``Engine.get_server_info()``) at top level, so the cost table appears there as
@@ -41,6 +43,7 @@ FORCE_RATIO_KEY = "dcut_force_ratio"
 FORCE_DRAFT_OFF_KEY = "dcut_force_draft_off"
 COMPACT_KEY = "dcut_compact"
 DRAFT_EXTEND_KEY = "dcut_draft_extend"
+DRAFT_OFF_EXTEND_KEY = "dcut_draft_off_extend"
 SERVER_INFO_KEY = "dcut"
 
 __all__ = ["register_hooks", "after_get_init_info", "after_get_internal_state", "dcut_runner_of",
@@ -90,6 +93,11 @@ def draft_extend_rows_of(scheduler: Any) -> Optional[Any]:
     return getattr(getattr(scheduler, "draft_worker", None), "draft_extend_rows", None)
 
 
+def deferred_extend_of(scheduler: Any) -> Optional[Any]:
+    """The worker's ``DeferredDraftExtend`` (draft extend of draft-off steps), or None."""
+    return getattr(getattr(scheduler, "draft_worker", None), "deferred_extend", None)
+
+
 def draft_extend_stats(scheduler: Any) -> Optional[dict]:
     """Mode and counters of the accepted-rows draft extend, or None without one."""
     rows = draft_extend_rows_of(scheduler)
@@ -109,6 +117,8 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
                                       "tier_graphs": tier_graph_stats(scheduler),
                                       "draft_extend": draft_extend_stats(scheduler),
                                       "draft_off": runner.draft_off_summary(),
+                                      "draft_off_extend": (None if deferred_extend_of(scheduler) is None
+                                                           else deferred_extend_of(scheduler).summary()),
                                       "online_costs": runner.online_costs_summary(),
                                       "kv_pool": kv_pool_state(scheduler)}
         except Exception as e:  # metrics must never break /server_info
@@ -173,6 +183,20 @@ def after_update_handlers(result, controller, *args, **kwargs):
             return None
 
         result[DRAFT_EXTEND_KEY] = handler_cls(validate_draft_extend, apply_draft_extend)
+    deferred = deferred_extend_of(getattr(controller, "scheduler", None))
+    if deferred is not None:
+        from sglang_ext.config import DRAFT_OFF_EXTEND_CHOICES
+
+        def validate_off_extend(key, value):
+            if value not in DRAFT_OFF_EXTEND_CHOICES:
+                raise UpdateRejected(f"{key} must be one of {', '.join(DRAFT_OFF_EXTEND_CHOICES)}; got {value!r}")
+
+        def apply_off_extend(key, value):
+            deferred.mode = value  # rows still pending are caught up at the next draft-off step
+            logger.info("D-Cut: %s=%s", key, value)
+            return None
+
+        result[DRAFT_OFF_EXTEND_KEY] = handler_cls(validate_off_extend, apply_off_extend)
     return result
 
 

@@ -947,24 +947,36 @@ class DCutRunner:
         ``dcut_force_draft_off`` override the choice.
         """
         self._decode_steps += 1
+        off, state = self._draft_off_choice(batch_size, self._decode_steps)
+        if state is not None:
+            self.draft_off_state = state
+        return off
+
+    def preview_draft_off(self, batch_size: int) -> bool:
+        """The choice :meth:`draft_off_for_step` would make for the next decode step at this batch
+        size, without changing any state (the deferred draft extend asks it, during a draft-off
+        step, whether to catch the draft up now)."""
+        return self._draft_off_choice(batch_size, self._decode_steps + 1)[0]
+
+    def _draft_off_choice(self, batch_size: int, step: int) -> Tuple[bool, Optional[DraftOffState]]:
+        """``(off, next draft-off state or None)`` for decode step number ``step``."""
         if self.unsupported is not None or batch_size <= 0:
-            return False
+            return False, None
         if self.forced_draft_off is not None:
-            return bool(self.forced_draft_off)
+            return bool(self.forced_draft_off), None
         k = self.force_draft_off_every
         if k:
-            return k == 1 or self._decode_steps % k != 0
+            return k == 1 or step % k != 0, None
         if not getattr(self.cfg, "may_draft_off", False) or self._mode() != MODE_AUTO or self.cost_table is None:
-            return False
+            return False, None
         if not self.cost_table.has_draft_off:
             if not self._no_off_costs_warned:
                 self._no_off_costs_warned = True
                 logger.warning("D-Cut: the cost table has no draft-off costs (schema version 1, or profiled with "
                                "--dcut-draft-off never); drafting is never switched off (re-profile to enable it)")
-            return False
+            return False, None
         decision = draft_off_decision(self.draft_off_state, batch_size, self.planning_table(), self.draft_off_params)
-        self.draft_off_state = decision.state
-        return decision.off
+        return decision.off, decision.state
 
     def draft_off_summary(self) -> Dict[str, Any]:
         """``/server_info`` ``internal_states[i].dcut.draft_off``: the setting, the current choice
