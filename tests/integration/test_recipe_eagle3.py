@@ -187,17 +187,22 @@ def test_soft_targets_line_up_with_the_labels(target, sequences):
     assert checked > 100
 
 
-def test_soft_target_training_lowers_the_loss(target, sequences):
-    seqs = sequences["seqs"]
-    tr = [i for i, s in enumerate(seqs) if s.split == "train"][:24]
-    feats, finals = feat_mod.capture_all(target, [seqs[i].ids for i in tr], progress=False, with_final=True)
+def _new_draft(target, train_ids, eos):
+    """An initialised draft with its vocabulary from ``train_ids``: (draft, draft_ids, t2d)."""
     spec = draft_mod.DraftSpec.from_target_config(target.config, DRAFT_VOCAB)
-    draft_ids = draft_mod.select_draft_vocab([seqs[i].ids for i in tr], spec.vocab_size, DRAFT_VOCAB,
-                                             sequences["eos"])
+    draft_ids = draft_mod.select_draft_vocab(train_ids, spec.vocab_size, DRAFT_VOCAB, eos)
     _, _, t2d = draft_mod.vocab_maps(draft_ids, spec.vocab_size)
     torch.manual_seed(0)
     draft = draft_mod.Eagle3DraftModel(spec, target.get_input_embeddings().weight, draft_ids)
     draft.init_from_target(target)
+    return draft, draft_ids, t2d
+
+
+def test_soft_target_training_lowers_the_loss(target, sequences):
+    seqs = sequences["seqs"]
+    tr = [i for i, s in enumerate(seqs) if s.split == "train"][:24]
+    feats, finals = feat_mod.capture_all(target, [seqs[i].ids for i in tr], progress=False, with_final=True)
+    draft, draft_ids, t2d = _new_draft(target, [seqs[i].ids for i in tr], sequences["eos"])
     cfg = train_mod.TrainConfig(epochs=4, batch_tokens=1024, lr=3e-3, warmup=2)
     with pytest.raises(ValueError, match="target_head"):
         train_mod.train_draft(draft, t2d, [seqs[i].ids for i in tr], [seqs[i].prompt_len for i in tr], feats,
@@ -226,13 +231,7 @@ def trained(target, sequences, tmp_path_factory):
     feats = feat_mod.capture_all(target, [s.ids for s in seqs], progress=False)
     tr = [i for i, s in enumerate(seqs) if s.split == "train"]
     ho = [i for i, s in enumerate(seqs) if s.split == "heldout"]
-    spec = draft_mod.DraftSpec.from_target_config(target.config, DRAFT_VOCAB)
-    draft_ids = draft_mod.select_draft_vocab([seqs[i].ids for i in tr], spec.vocab_size, DRAFT_VOCAB,
-                                             sequences["eos"])
-    _, _, t2d = draft_mod.vocab_maps(draft_ids, spec.vocab_size)
-    torch.manual_seed(0)
-    draft = draft_mod.Eagle3DraftModel(spec, target.get_input_embeddings().weight, draft_ids)
-    draft.init_from_target(target)
+    draft, draft_ids, t2d = _new_draft(target, [seqs[i].ids for i in tr], sequences["eos"])
     cfg = train_mod.TrainConfig(epochs=12, batch_tokens=1024, lr=3e-3, warmup=5)
     rec = train_mod.train_draft(draft, t2d, [seqs[i].ids for i in tr], [seqs[i].prompt_len for i in tr],
                                 [feats[i] for i in tr], cfg, progress=False)
