@@ -24,7 +24,10 @@ def test_demo_answers_and_stops_cleanly_on_ctrl_c(tmp_path):
     log = tmp_path / "server.log"
     proc = subprocess.Popen([sys.executable, "-m", "sglang_ext.demo", "--log", str(log), "--timeout", "420",
                              "--keep-running"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=demo.REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            cwd=demo.REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            # Ctrl-C in a terminal: SIGINT at its default disposition, which a test run
+                            # started in the background (shell `&`: SIGINT ignored, inherited) lacks
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     deadline = time.time() + 600
     try:
