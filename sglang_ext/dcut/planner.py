@@ -779,7 +779,7 @@ def draft_off_decision(
     if better_draft:  # after a probe, or the batch size moved to where drafting pays
         return DraftOffDecision(False, DraftOffState(True, 1, False, state.gains), u_off, u_draft)
     if state.probed:  # the probe confirmed draft-off: back off before the next one
-        longer = min(2 * interval, max(int(params.max_probe_interval), dwell))
+        longer = min(2 * interval, int(params.max_probe_interval))  # >= min_dwell (checked)
         return DraftOffDecision(True, DraftOffState(False, 1, False, state.gains, longer), u_off, u_draft)
     if state.dwell >= interval:  # probe: one drafted step
         return DraftOffDecision(False, DraftOffState(False, 0, True, state.gains, interval), u_off, u_draft,

@@ -162,6 +162,8 @@ def check_deferred_extend(eng, prompts, ref):
     from sglang_ext.engine.dcut.client import set_draft_off_extend
 
     steps_of = {}
+    assert not set_draft_off_extend(eng, "sometimes")  # not a mode: rejected, the setting kept
+    assert _state(eng)["draft_off_extend"]["mode"] == "defer"
     try:
         for mode in ("always", "defer"):
             assert set_draft_off_extend(eng, mode)

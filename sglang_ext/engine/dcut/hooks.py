@@ -98,6 +98,12 @@ def deferred_extend_of(scheduler: Any) -> Optional[Any]:
     return getattr(getattr(scheduler, "draft_worker", None), "deferred_extend", None)
 
 
+def deferred_extend_stats(scheduler: Any) -> Optional[dict]:
+    """Mode, held rows and counters of the deferred draft extend, or None without one."""
+    deferred = deferred_extend_of(scheduler)
+    return None if deferred is None else deferred.summary()
+
+
 def draft_extend_stats(scheduler: Any) -> Optional[dict]:
     """Mode and counters of the accepted-rows draft extend, or None without one."""
     rows = draft_extend_rows_of(scheduler)
@@ -117,8 +123,7 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
                                       "tier_graphs": tier_graph_stats(scheduler),
                                       "draft_extend": draft_extend_stats(scheduler),
                                       "draft_off": runner.draft_off_summary(),
-                                      "draft_off_extend": (None if deferred_extend_of(scheduler) is None
-                                                           else deferred_extend_of(scheduler).summary()),
+                                      "draft_off_extend": deferred_extend_stats(scheduler),
                                       "online_costs": runner.online_costs_summary(),
                                       "kv_pool": kv_pool_state(scheduler)}
         except Exception as e:  # metrics must never break /server_info
@@ -169,34 +174,32 @@ def after_update_handlers(result, controller, *args, **kwargs):
     result[FORCE_RATIO_KEY] = handler_cls(validate, apply)
     result[FORCE_DRAFT_OFF_KEY] = handler_cls(validate_draft_off, apply_draft_off)
     result[COMPACT_KEY] = handler_cls(validate_compact, apply_compact)
-    rows = draft_extend_rows_of(getattr(controller, "scheduler", None))
-    if rows is not None:
-        from sglang_ext.engine.dcut.draft_extend import DRAFT_EXTEND_CHOICES
 
-        def validate_draft_extend(key, value):
-            if value not in DRAFT_EXTEND_CHOICES:
-                raise UpdateRejected(f"{key} must be one of {', '.join(DRAFT_EXTEND_CHOICES)}; got {value!r}")
+    def mode_knob(target, choices):
+        """A knob that sets ``target.mode`` to one of ``choices``."""
 
-        def apply_draft_extend(key, value):
-            rows.mode = value
+        def validate_mode(key, value):
+            if value not in choices:
+                raise UpdateRejected(f"{key} must be one of {', '.join(choices)}; got {value!r}")
+
+        def apply_mode(key, value):
+            target.mode = value
             logger.info("D-Cut: %s=%s", key, value)
             return None
 
-        result[DRAFT_EXTEND_KEY] = handler_cls(validate_draft_extend, apply_draft_extend)
-    deferred = deferred_extend_of(getattr(controller, "scheduler", None))
-    if deferred is not None:
+        return handler_cls(validate_mode, apply_mode)
+
+    scheduler = getattr(controller, "scheduler", None)
+    rows = draft_extend_rows_of(scheduler)
+    if rows is not None:
+        from sglang_ext.config import DRAFT_EXTEND_CHOICES
+
+        result[DRAFT_EXTEND_KEY] = mode_knob(rows, DRAFT_EXTEND_CHOICES)
+    deferred = deferred_extend_of(scheduler)
+    if deferred is not None:  # rows still pending are caught up at the next draft-off step
         from sglang_ext.config import DRAFT_OFF_EXTEND_CHOICES
 
-        def validate_off_extend(key, value):
-            if value not in DRAFT_OFF_EXTEND_CHOICES:
-                raise UpdateRejected(f"{key} must be one of {', '.join(DRAFT_OFF_EXTEND_CHOICES)}; got {value!r}")
-
-        def apply_off_extend(key, value):
-            deferred.mode = value  # rows still pending are caught up at the next draft-off step
-            logger.info("D-Cut: %s=%s", key, value)
-            return None
-
-        result[DRAFT_OFF_EXTEND_KEY] = handler_cls(validate_off_extend, apply_off_extend)
+        result[DRAFT_OFF_EXTEND_KEY] = mode_knob(deferred, DRAFT_OFF_EXTEND_CHOICES)
     return result
 
 

@@ -941,8 +941,9 @@ class DCutRunner:
         steps: :func:`sglang_ext.dcut.draft_off_decision` compares the cost table's draft-off cost
         with every tier's, valued with the planner's smoothed expected accepted drafts per request
         of the drafted steps (fed by :meth:`choose_step`), with a minimum dwell and probe steps
-        that back off while they keep confirming draft-off. Only ``--dcut auto`` with ``--dcut-draft-off auto`` and a table holding draft-off
-        costs switches drafting off (a table without them is warned about once); fixed ratios
+        that back off while they keep confirming draft-off. Only ``--dcut auto`` with
+        ``--dcut-draft-off auto`` and a table holding draft-off costs switches drafting off (a
+        table without them is warned about once); fixed ratios
         (configured or ``dcut_force_ratio``) never do. ``forced_draft_off`` (profiling) and
         ``dcut_force_draft_off`` override the choice.
         """
