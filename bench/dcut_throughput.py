@@ -141,6 +141,10 @@ def _parse_args(argv=None):
     p.add_argument("--skip-never", action="store_true",
                    help=f"no '{NEVER}' engine (--dcut auto --dcut-draft-off never on the same cost table)")
     p.add_argument("--skip-adaptive", action="store_true", help="no SGLang --speculative-adaptive engine")
+    p.add_argument("--modes", default=None, metavar="M1,M2",
+                   help=f"measure only these modes (of {', '.join(m for m in ALL_MODES if m != 'server')}; "
+                        "'auto' is always measured): e.g. 'no-spec,auto' for long runs of the draft-off "
+                        "comparison. Without 'full' the lossless check compares with no-spec")
     p.add_argument("--adaptive-config", default=None, metavar="JSON",
                    help="--speculative-adaptive-config of the adaptive engine (default: SGLang's default "
                         "config with --num-steps added to the candidates of its batch-size-1 slot, since SGLang "
@@ -460,6 +464,7 @@ def run_bench(args) -> dict:
     _activate_cpu_testbed()
 
     args.bs_list = [int(b) for b in args.batch_sizes.split(",")]
+    dcut_modes = _apply_modes(args)
     if not args.no_timing:
         # before the first engine: SGLang's later subprocesses may not see later changes
         os.environ[TIMING_ENV] = "1"
@@ -525,7 +530,7 @@ def run_bench(args) -> dict:
                 json.dump(info["cost_table"], f)
             start(NEVER, **never_kw)
         wait(NEVER)
-        engine_of.update({m: eng for m in MODES})
+        engine_of.update({m: eng for m in dcut_modes})
         engine_of.update({n: engines[n] for n in (NO_SPEC, NEVER, ADAPTIVE) if n in engines})
         if ADAPTIVE in engines:
             adaptive["server"] = {k: engines[ADAPTIVE].get_server_info().get(k) for k in
@@ -549,7 +554,8 @@ def run_bench(args) -> dict:
     finally:
         _shutdown_all(engines)
 
-    lossless = {m: all(results[m][bs]["ids"] == results["full"][bs]["ids"] and not results[m][bs].get("repeat_differs")
+    ref = "full" if "full" in results else NO_SPEC
+    lossless = {m: all(results[m][bs]["ids"] == results[ref][bs]["ids"] and not results[m][bs].get("repeat_differs")
                        for bs in args.bs_list) for m in results}
     dcut_stats = {m: {bs: _merge(results[m][bs].get("metrics", [])) for bs in args.bs_list}
                   for m in DCUT_MODES if m in results}
@@ -561,11 +567,38 @@ def run_bench(args) -> dict:
         "settings": settings,
         "target": target, "draft": draft, "prompts": kind, "startup_s": startup,
         "cost_table": info.get("cost_table"), "cost_table_info": info.get("cost_table_info"),
-        **_throughput(results), "dcut": dcut_stats, "lossless_vs_full": lossless,
+        **_throughput(results), "dcut": dcut_stats, "lossless_vs_full": lossless, "lossless_reference": ref,
         "tokens_per_verify": spec, "adaptive": {k: v for k, v in adaptive.items() if k != "config_path"},
     }
     res["paired_ratios"] = _paired_ratios(res["tok_s_runs"], args.bs_list, [m for m in FIXED if m in results])
     return res
+
+
+def _apply_modes(args) -> tuple:
+    """The D-Cut engine's modes to measure under ``--modes`` (all of :data:`MODES` without it); sets
+    the ``skip_*`` flags of the other engines it leaves out.  'auto' is always measured.
+
+    >>> import argparse
+    >>> a = argparse.Namespace(modes="no-spec, auto", skip_no_spec=False, skip_never=False, skip_adaptive=False)
+    >>> _apply_modes(a), a.skip_no_spec, a.skip_never, a.skip_adaptive
+    (('auto',), False, True, True)
+    >>> _apply_modes(argparse.Namespace(modes="auto,fast", skip_no_spec=False, skip_never=False,
+    ...                                 skip_adaptive=False))
+    Traceback (most recent call last):
+    SystemExit: --modes: unknown mode 'fast' (known: no-spec, full, r0.25, r0.5, r0.75, auto-never, auto, adaptive)
+    """
+    if not args.modes:
+        return MODES
+    known = [m for m in ALL_MODES if m != "server"]
+    want = {m.strip() for m in args.modes.split(",") if m.strip()}
+    bad = sorted(want - set(known))
+    if bad:
+        raise SystemExit(f"--modes: unknown mode {bad[0]!r} (known: {', '.join(known)})")
+    want.add("auto")
+    args.skip_no_spec = args.skip_no_spec or NO_SPEC not in want
+    args.skip_never = args.skip_never or NEVER not in want
+    args.skip_adaptive = args.skip_adaptive or ADAPTIVE not in want
+    return tuple(m for m in MODES if m in want)
 
 
 def _say_table(info: dict) -> None:
@@ -768,12 +801,12 @@ def report(res: dict, out_png: str = None) -> None:
     if adaptive.get("status") == "n/a":
         print(f"{ADAPTIVE:<12}" + "".join(f"{'n/a':>10}" for _ in bs_list) + f"   ({adaptive.get('reason')})")
     fixed = [m for m in FIXED if m in tok]
-    if not ("auto" in tok and "full" in tok and fixed):  # a server without D-Cut (--url)
+    if not ("auto" in tok and len(tok) > 1):  # a server without D-Cut (--url)
         if out_png:
             _plot(res, bs_list, modes, out_png)
             print(f"plot: {out_png}")
         return
-    rows = ratio_rows(list(tok), adaptive_na=adaptive.get("status") == "n/a")
+    rows = ratio_rows(list(tok), adaptive_na=adaptive.get("status") == "n/a", tiers=bool(fixed and "full" in tok))
     best_of = {b: {m: tok[m][_k(tok[m], b)] for m in tok} for b in bs_list}
     print("\nratios of the best-of-repeats tok/s (peak = max(no-spec, full, each fixed tier); best = the fastest "
           "fixed tier below full; never = auto with --dcut-draft-off never)")
@@ -804,7 +837,7 @@ def report(res: dict, out_png: str = None) -> None:
         a = st["auto"]
         print(f"\nauto: keep ratio {a.get('keep_ratio')}, tiers {a.get('tier_histogram')}")
     if res.get("lossless_vs_full"):
-        print(f"\nlossless vs full verify (token for token): {res['lossless_vs_full']}")
+        print(f"\nlossless vs {res.get('lossless_reference', 'full')} (token for token): {res['lossless_vs_full']}")
     if res.get("cost_table_info"):
         print(f"cost table: {res['cost_table_info']}")
     if out_png:
@@ -846,10 +879,15 @@ def ratios_of(tps: Dict[str, float], fixed: List[str]) -> Dict[str, float]:
     return {name: v[a] / v[b] for name, a, b in RATIOS if v.get(a) and v.get(b)}
 
 
-def ratio_rows(modes: List[str], adaptive_na: bool = False) -> List[str]:
+def ratio_rows(modes: List[str], adaptive_na: bool = False, tiers: bool = True) -> List[str]:
     """The ratio rows printed for a result holding ``modes`` (rows naming an absent mode are left
-    out; the adaptive rows stay, printed n/a, when the shape is not supported by SGLang)."""
-    have = set(modes) | {"best", "peak"} | ({ADAPTIVE} if adaptive_na else set())
+    out; the adaptive rows stay, printed n/a, when the shape is not supported by SGLang; ``tiers``:
+    full and the fixed tiers were measured, so "best" and "peak" exist).
+
+    >>> ratio_rows(["no-spec", "auto"], tiers=False)
+    ['auto/nospec']
+    """
+    have = set(modes) | ({"best", "peak"} if tiers else set()) | ({ADAPTIVE} if adaptive_na else set())
     return [name for name, a, b in RATIOS if a in have and b in have]
 
 
@@ -872,7 +910,7 @@ def _paired_ratios(runs: dict, bs_list: List[int], fixed: List[str]) -> dict:
     for b in bs_list:
         per = {m: (runs.get(m) or {}).get(_k(runs.get(m) or {}, b)) or [] for m in runs}
         per = {m: v for m, v in per.items() if v}
-        if "auto" not in per or "full" not in per:
+        if "auto" not in per or len(per) < 2:
             continue
         n = min(len(v) for v in per.values())
         each = [ratios_of({m: v[i] for m, v in per.items()}, [m for m in fixed if m in per]) for i in range(n)]

@@ -12,7 +12,8 @@ Here one small batch (bs 4, 32 new tokens on the tree, 16 on the chain, one repe
   token for token; the fixed tiers verify fewer tokens (tier 0.25: at most ceil(bs * 16 * 0.25)
   per step); ``adaptive`` is printed ``n/a`` with SGLang's topk reason; the printed ratio rows
   (best-of and paired) equal the ratios computed here from the JSON's ``tok_s`` / ``tok_s_runs``;
-  the PNG is written.
+  the PNG is written.  ``--modes no-spec,auto`` measures only those two (lossless against no
+  speculation, auto/nospec printed and saved).
 * slow tier, the 15-step chain: all four engines (no speculation, D-Cut, auto-never, SGLang
   adaptive), the cost table profiled at launch (schema version 2 with draft-off costs) in a fresh
   cache directory; every mode, no speculation and adaptive included, equals full verification;
@@ -165,6 +166,22 @@ def test_printed_ratios_equal_the_json_and_adaptive_is_na_on_trees(tree16_run):
     assert printed["auto/adaptive"] == "n/a" and "adaptive" not in res["tok_s"]
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_modes_subset_measures_only_no_spec_and_auto(tmp_path):
+    """``--modes no-spec,auto`` (the long draft-off runs): only those two engines' modes are measured,
+    the lossless check compares auto with no speculation, and auto/nospec is printed and saved."""
+    _skip_without_models()
+    args = ["--num-steps", "3", "--topk", "4", "--num-draft-tokens", str(N), "--modes", "no-spec,auto",
+            "--cost-table", _table_file(tmp_path / "table.json", 4, 3), "--cache-dir", str(tmp_path / "cache")]
+    out, res, _ = _bench(tmp_path, "modes", args, new_tokens=32)
+    assert sorted(res["tok_s"]) == ["auto", "no-spec"], res["tok_s"]
+    assert res["lossless_reference"] == "no-spec" and res["lossless_vs_full"] == {"no-spec": True, "auto": True}
+    assert "lossless vs no-spec" in out
+    runs = {m: v[str(BS)][0] for m, v in res["tok_s_runs"].items()}
+    assert res["paired_ratios"][str(BS)] == {"auto/nospec": pytest.approx(runs["auto"] / runs["no-spec"])}
+    assert abs(float(_printed(out, "paired ratios")["auto/nospec"]) - runs["auto"] / runs["no-spec"]) <= 0.0051
+    assert res["dcut"]["auto"][str(BS)]["draft_off_steps"] > 0, res["dcut"]["auto"]
 
 
 @pytest.mark.slow
