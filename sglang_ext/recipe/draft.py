@@ -30,13 +30,13 @@ import math
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_ext.recipe.features import draft_layer_ids
+from sglang_ext.recipe.features import check_layer_ids, draft_layer_ids
 from sglang_ext.testbed.modeling import (
     RMSNorm,
     eagle3_checkpoint_weights,
@@ -69,9 +69,17 @@ class DraftSpec:
     eos_token_id: Optional[object] = None
     bos_token_id: Optional[int] = None
     fc_norm: bool = True
+    #: ``eagle_aux_hidden_state_layer_ids`` (None: SGLang's default, :func:`draft_layer_ids`)
+    aux_layer_ids: Optional[Tuple[int, ...]] = None
+
+    @property
+    def layer_ids(self) -> List[int]:
+        """The tapped layers as the config writes them (SGLang captures the output of each)."""
+        return list(self.aux_layer_ids) if self.aux_layer_ids else draft_layer_ids(self.target_num_layers)
 
     @classmethod
-    def from_target_config(cls, tc, draft_vocab_size: int, fc_norm: bool = True) -> "DraftSpec":
+    def from_target_config(cls, tc, draft_vocab_size: int, fc_norm: bool = True,
+                           aux_layer_ids: Optional[Sequence[int]] = None) -> "DraftSpec":
         """From a transformers Llama config; refuses RoPE scaling it does not model."""
         rp = getattr(tc, "rope_parameters", None) or {}
         rope_type = rp.get("rope_type", "default") if isinstance(rp, dict) else "default"
@@ -90,7 +98,8 @@ class DraftSpec:
             target_num_layers=tc.num_hidden_layers,
             max_position_embeddings=tc.max_position_embeddings, rope_theta=theta,
             rms_norm_eps=tc.rms_norm_eps, eos_token_id=getattr(tc, "eos_token_id", None),
-            bos_token_id=getattr(tc, "bos_token_id", None), fc_norm=fc_norm)
+            bos_token_id=getattr(tc, "bos_token_id", None), fc_norm=fc_norm,
+            aux_layer_ids=tuple(check_layer_ids(aux_layer_ids, tc.num_hidden_layers)) if aux_layer_ids else None)
 
     def hf_config(self) -> Dict:
         """``config.json`` in the standard EAGLE3 (Llama) draft layout."""
@@ -118,7 +127,7 @@ class DraftSpec:
             "eos_token_id": self.eos_token_id,
             "dtype": "float32",
             "eagle_config": {
-                "eagle_aux_hidden_state_layer_ids": draft_layer_ids(self.target_num_layers),
+                "eagle_aux_hidden_state_layer_ids": self.layer_ids,
                 "use_aux_hidden_state": True,
             },
             "target_num_hidden_layers": self.target_num_layers,
@@ -312,7 +321,8 @@ def load_draft(draft_dir: str, embed_weight: torch.Tensor) -> Eagle3DraftModel:
         draft_vocab_size=hf["draft_vocab_size"], target_num_layers=hf["target_num_hidden_layers"],
         max_position_embeddings=hf["max_position_embeddings"], rope_theta=hf["rope_theta"],
         rms_norm_eps=hf["rms_norm_eps"], eos_token_id=hf.get("eos_token_id"),
-        bos_token_id=hf.get("bos_token_id"), fc_norm=bool(hf.get("fc_norm", False)))
+        bos_token_id=hf.get("bos_token_id"), fc_norm=bool(hf.get("fc_norm", False)),
+        aux_layer_ids=tuple((hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or ()) or None)
     sd = load_file(os.path.join(draft_dir, "model.safetensors"))
     draft_ids = sd["d2t"] + torch.arange(sd["d2t"].shape[0])
     draft = Eagle3DraftModel(spec, embed_weight, draft_ids)

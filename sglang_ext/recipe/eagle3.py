@@ -58,6 +58,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="train the LM head too (default: frozen at the target's rows)")
     p.add_argument("--no-fc-norm", action="store_true",
                    help="no per-layer RMSNorm of the target features before fc")
+    p.add_argument("--aux-layer-ids", default=None, metavar="A,B,C",
+                   help="target layers whose outputs feed the draft, written to the draft config as "
+                        "eagle_aux_hidden_state_layer_ids (SGLang captures the output of layer id); default "
+                        "SGLang's 2, L/2, L-3 inputs (ids 1, L/2-1, L-4). Later layers carry more of the "
+                        "target's next-token prediction")
     p.add_argument("--soft-targets", action="store_true",
                    help="train on the target's distribution over the draft vocabulary (from its final "
                         "hidden states, captured with the features) instead of its greedy token only")
@@ -73,6 +78,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--stop-after", choices=STAGES, default=None, help="stop after this stage")
     p.add_argument("--engine-kwargs", default="{}", help="JSON of extra sglang.Engine kwargs (stage 2)")
     return p.parse_args(argv)
+
+
+def _int_list(text: Optional[str]) -> Optional[List[int]]:
+    """``"1,14,28"`` -> ``[1, 14, 28]`` (None stays None; ValueError on a non-integer)."""
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--aux-layer-ids {text!r}: expected comma-separated integers") from None
 
 
 def _timed(timings: Dict[str, float], key: str, t0: float) -> None:
@@ -182,20 +197,31 @@ def _generate(args: argparse.Namespace, parts, progress: bool):
     return seqs, len(own)
 
 
-def _save_rows(path: str, key: str, ids: List[str], rows: list) -> None:
+def _save_rows(path: str, key: str, ids: List[str], rows: list, layer_ids: Optional[List[int]] = None) -> None:
     import torch
 
-    torch.save({"ids": ids, key: rows}, path + ".tmp")
+    blob = {"ids": ids, key: rows}
+    if layer_ids is not None:
+        blob["aux_layer_ids"] = list(layer_ids)
+    torch.save(blob, path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
-def _load_rows(path: str, key: str, seqs) -> list:
-    """Per-sequence tensors saved by stage 3, checked against ``sequences.json``."""
+def _load_rows(path: str, key: str, seqs, layer_ids: Optional[List[int]] = None,
+               default_ids: Optional[List[int]] = None) -> list:
+    """Per-sequence tensors saved by stage 3, checked against ``sequences.json`` and, for the
+    features, against the tapped layers (``layer_ids``; files without the record were captured
+    at ``default_ids``)."""
     import torch
 
     saved = torch.load(path, weights_only=False)
     if saved["ids"] != [s.id for s in seqs]:
         raise SystemExit(f"error: {path} does not match sequences.json; delete it to recapture")
+    if layer_ids is not None:
+        got = saved.get("aux_layer_ids", default_ids)
+        if list(got) != list(layer_ids):
+            raise SystemExit(f"error: {path} was captured at aux layer ids {list(got)}, not {list(layer_ids)}; "
+                             f"delete it to recapture, or pass --aux-layer-ids {','.join(map(str, got))}")
     return saved[key]
 
 
@@ -253,6 +279,9 @@ def run(args: argparse.Namespace) -> str:
     # 3. features
     from sglang_ext.recipe import features as feat_mod
 
+    with open(os.path.join(args.target, "config.json")) as f:
+        num_layers = json.load(f)["num_hidden_layers"]
+    layer_ids = feat_mod.check_layer_ids(_int_list(args.aux_layer_ids), num_layers)
     feat_path = os.path.join(args.out, "features.pt")
     final_path = os.path.join(args.out, "final_hidden.pt")
     target = None
@@ -260,16 +289,17 @@ def run(args: argparse.Namespace) -> str:
     if not os.path.exists(feat_path) or need_final:
         t0 = time.perf_counter()
         target = _load_target(args.target)
-        got = feat_mod.capture_all(target, [s.ids for s in seqs], progress=progress, with_final=args.soft_targets)
+        got = feat_mod.capture_all(target, [s.ids for s in seqs], progress=progress, with_final=args.soft_targets,
+                                   layer_ids=layer_ids)
         feats, finals = got if args.soft_targets else (got, None)
         ids = [s.id for s in seqs]
         if not os.path.exists(feat_path):
-            _save_rows(feat_path, "features", ids, feats)
+            _save_rows(feat_path, "features", ids, feats, layer_ids)
         if finals is not None:
             _save_rows(final_path, "final_hidden", ids, finals)
         _timed(timings, "features_s", t0)
         save_timings()
-    features = _load_rows(feat_path, "features", seqs)
+    features = _load_rows(feat_path, "features", seqs, layer_ids, feat_mod.draft_layer_ids(num_layers))
     final_hidden = _load_rows(final_path, "final_hidden", seqs) if args.soft_targets else None
     if args.stop_after == "features":
         return feat_path
@@ -289,7 +319,8 @@ def run(args: argparse.Namespace) -> str:
     tr = [i for i, s in enumerate(seqs) if s.split == "train"]
     ho = [i for i, s in enumerate(seqs) if s.split == "heldout"]
     eos = gen_mod.eos_ids(args.target)
-    spec = DraftSpec.from_target_config(target.config, args.draft_vocab_size, fc_norm=not args.no_fc_norm)
+    spec = DraftSpec.from_target_config(target.config, args.draft_vocab_size, fc_norm=not args.no_fc_norm,
+                                        aux_layer_ids=layer_ids)
     draft_ids = select_draft_vocab([seqs[i].ids for i in tr], spec.vocab_size, spec.draft_vocab_size, eos)
     _, _, target_to_draft = vocab_maps(draft_ids, spec.vocab_size)
     draft = Eagle3DraftModel(spec, target.get_input_embeddings().weight, draft_ids)
@@ -346,6 +377,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: --target {args.target} has no config.json", file=sys.stderr)
         return 2
     try:
+        from sglang_ext.recipe.features import check_layer_ids
+
+        with open(os.path.join(args.target, "config.json")) as f:  # before any stage: fail fast
+            check_layer_ids(_int_list(args.aux_layer_ids), json.load(f)["num_hidden_layers"])
         out = run(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

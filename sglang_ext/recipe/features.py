@@ -6,9 +6,9 @@ from the draft's ``eagle_config.eagle_aux_hidden_state_layer_ids`` it captures t
 of ``id + 1``.  The input of decoder layer ``i`` is ``hidden_states[i]`` of a transformers
 forward with ``output_hidden_states=True`` (index 0 = the embeddings), so the features of
 position ``p`` are ``cat(hidden_states[2][p], hidden_states[L//2][p], hidden_states[L-3][p])``
-(``tests/unit/test_recipe_eagle3.py`` guards the rule against the installed SGLang).
+(``tests/integration/test_recipe_eagle3.py`` guards the rule against the installed SGLang).
 
-The forward stops after layer ``L - 3`` (later layers and the LM head are not needed), unless
+The forward stops at the last tapped layer (later layers and the LM head are not needed), unless
 the final normed hidden state is asked for too (``with_final``: the LM head's input, from which
 the recipe's ``--soft-targets`` computes the target's distribution over the draft vocabulary).
 No SGLang import.
@@ -16,7 +16,7 @@ No SGLang import.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -24,7 +24,8 @@ from sglang_ext.testbed.modeling import aux_layer_ids
 
 
 def draft_layer_ids(num_layers: int) -> List[int]:
-    """``eagle_aux_hidden_state_layer_ids`` of the draft config (SGLang adds 1 to each).
+    """SGLang's default ``eagle_aux_hidden_state_layer_ids`` (SGLang adds 1 to each: the
+    captured state is the *output* of decoder layer ``id``).
 
     Examples
     --------
@@ -34,8 +35,33 @@ def draft_layer_ids(num_layers: int) -> List[int]:
     return [i - 1 for i in aux_layer_ids(num_layers)]
 
 
+def check_layer_ids(layer_ids: Optional[Sequence[int]], num_layers: int) -> List[int]:
+    """The draft's ``eagle_aux_hidden_state_layer_ids``: ``layer_ids`` checked, or SGLang's
+    default.  Three distinct ascending ids in ``[0, num_layers - 2]``: SGLang captures the input
+    of decoder layer ``id + 1``, so the last layer's own output (the final state) is never
+    capturable.
+
+    Examples
+    --------
+    >>> check_layer_ids(None, 30), check_layer_ids([1, 14, 28], 30)
+    ([1, 14, 26], [1, 14, 28])
+    >>> check_layer_ids([1, 14, 29], 30)
+    Traceback (most recent call last):
+    ValueError: aux layer ids [1, 14, 29]: need 3 distinct ascending ids in [0, 28] (SGLang captures the output of layer id, the input of layer id + 1, of a 30-layer target)
+    """
+    if layer_ids is None:
+        return draft_layer_ids(num_layers)
+    ids = [int(i) for i in layer_ids]
+    if len(ids) != 3 or ids != sorted(set(ids)) or ids[0] < 0 or ids[-1] > num_layers - 2:
+        raise ValueError(f"aux layer ids {ids}: need 3 distinct ascending ids in [0, {num_layers - 2}] "
+                         f"(SGLang captures the output of layer id, the input of layer id + 1, of a "
+                         f"{num_layers}-layer target)")
+    return ids
+
+
 @torch.no_grad()
-def capture(target, input_ids: torch.Tensor, with_final: bool = False):
+def capture(target, input_ids: torch.Tensor, with_final: bool = False,
+            layer_ids: Optional[Sequence[int]] = None):
     """EAGLE3 features of right-padded sequences.
 
     Parameters
@@ -46,6 +72,9 @@ def capture(target, input_ids: torch.Tensor, with_final: bool = False):
     with_final : bool
         Also return the target's final normed hidden state (its LM head's input), the source
         of the soft training targets (``--soft-targets``); runs every layer.
+    layer_ids : list of int, optional
+        The draft's ``eagle_aux_hidden_state_layer_ids`` (:func:`check_layer_ids`; default
+        SGLang's): the state of ``id`` is ``hidden_states[id + 1]``.
 
     Returns
     -------
@@ -53,29 +82,54 @@ def capture(target, input_ids: torch.Tensor, with_final: bool = False):
         ``# [batch_size, seq_len, 3 * hidden_size]`` (the target's dtype); with ``with_final``
         also ``# [batch_size, seq_len, hidden_size]``.
     """
-    ids = aux_layer_ids(target.config.num_hidden_layers)
-    body = target.model
-    if with_final:
-        out = body(input_ids=input_ids, output_hidden_states=True, use_cache=False)
-        return torch.cat([out.hidden_states[i] for i in ids], dim=-1), out.last_hidden_state
-    layers = body.layers
-    # hidden_states[i] is the input of layer i; keep one layer past the last tap, so that the
-    # tapped entry is never the final (normed) one.
-    body.layers = layers[: max(ids) + 1]
+    ids = [i + 1 for i in check_layer_ids(layer_ids, target.config.num_hidden_layers)]
+    taps, out = _layer_inputs(target.model, input_ids, ids, run_all=with_final)
+    feats = torch.cat(taps, dim=-1)
+    return (feats, out.last_hidden_state) if with_final else feats
+
+
+class _TapsDone(Exception):
+    """Raised by the last tap's hook: the later layers are not needed."""
+
+
+def _layer_inputs(body, input_ids: torch.Tensor, layers: Sequence[int], run_all: bool):
+    """The hidden states entering decoder layers ``layers`` (``# [batch_size, seq_len, H]`` each),
+    read by forward pre-hooks; without ``run_all`` the forward stops at the last of them.
+
+    Hooks, not ``output_hidden_states`` on a model with its layer list cut short: transformers
+    records hidden states with hooks installed at the first forward, so a cut list there leaves
+    later full forwards short of entries.  Returns ``(taps, output)``; ``output`` is None when
+    the forward stopped early."""
+    got = {}
+    last = max(layers)
+
+    def hook_of(i):
+        def hook(module, args, kwargs):
+            got[i] = args[0] if args else kwargs["hidden_states"]
+            if i == last and not run_all:
+                raise _TapsDone
+
+        return hook
+
+    handles = [body.layers[i].register_forward_pre_hook(hook_of(i), with_kwargs=True) for i in set(layers)]
+    out = None
     try:
-        out = body(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+        out = body(input_ids=input_ids, use_cache=False)
+    except _TapsDone:
+        pass
     finally:
-        body.layers = layers
-    hs = out.hidden_states
-    return torch.cat([hs[i] for i in ids], dim=-1)
+        for h in handles:
+            h.remove()
+    return [got[i] for i in layers], out
 
 
 @torch.no_grad()
 def capture_all(target, sequences: Sequence[Sequence[int]], batch_tokens: int = 4096,
-                progress: bool = True, dtype: torch.dtype = torch.float16, with_final: bool = False):
+                progress: bool = True, dtype: torch.dtype = torch.float16, with_final: bool = False,
+                layer_ids: Optional[Sequence[int]] = None):
     """Features of every sequence, ``# [len_i, 3 * hidden_size]`` each, stored in ``dtype``;
     with ``with_final`` also the final normed hidden states ``# [len_i, hidden_size]`` (a
-    second list).
+    second list).  ``layer_ids``: as :func:`capture`.
 
     Sequences are grouped by length into batches of about ``batch_tokens`` padded tokens.
     """
@@ -100,7 +154,7 @@ def capture_all(target, sequences: Sequence[Sequence[int]], batch_tokens: int = 
         ids = torch.zeros(len(chunk), S, dtype=torch.long)
         for r, i in enumerate(chunk):
             ids[r, : len(sequences[i])] = torch.tensor(sequences[i])
-        got = capture(target, ids, with_final=with_final)
+        got = capture(target, ids, with_final=with_final, layer_ids=layer_ids)
         feats, final = got if with_final else (got, None)
         for r, i in enumerate(chunk):
             out[i] = feats[r, : len(sequences[i])].to(dtype).clone()

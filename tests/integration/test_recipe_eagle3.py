@@ -92,6 +92,11 @@ def test_sglang_captures_the_layers_the_recipe_taps():
         LlamaForCausalLM.set_eagle3_layers_to_capture(stub, feat_mod.draft_layer_ids(L))
         assert default == list(stub.model.layers_to_capture) == [i + 1 for i in ids]
         assert feat_mod.draft_layer_ids(L) == ids
+        # --aux-layer-ids: SGLang captures the input of layer id + 1 (hidden_states[id + 1]),
+        # up to the last layer's input (id = L - 2)
+        custom = feat_mod.check_layer_ids([0, L // 2, L - 2], L)
+        LlamaForCausalLM.set_eagle3_layers_to_capture(stub, custom)
+        assert list(stub.model.layers_to_capture) == [1, L // 2 + 1, L - 1]
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +153,24 @@ def test_stage_b_features_equal_full_forward(target, sequences):
         ref = torch.cat([out.hidden_states[i] for i in (2, 4, 5)], dim=-1)[0]
         assert f.shape == ref.shape
         torch.testing.assert_close(f, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_stage_b_features_at_chosen_layers(target, sequences):
+    """``--aux-layer-ids 1,3,6`` on the 8-layer target: the outputs of layers 1, 3 and 6 (the
+    last layer's input, not the final normed state); id 7 (the last layer's output) is refused."""
+    seqs = [s.ids for s in sequences["seqs"][:3]]
+    feat_mod.capture_all(target, seqs[:1], progress=False)  # stops early at the default taps first...
+    feats = feat_mod.capture_all(target, seqs, batch_tokens=10**6, progress=False, dtype=torch.float32,
+                                 layer_ids=[1, 3, 6])
+    # ...and leaves the model whole: a full forward still records every layer's state
+    assert len(target(input_ids=torch.tensor([seqs[0]]), output_hidden_states=True).hidden_states) == 9
+    for s, f in zip(seqs, feats):
+        out = target(input_ids=torch.tensor([s]), output_hidden_states=True)
+        ref = torch.cat([out.hidden_states[i] for i in (2, 4, 7)], dim=-1)[0]
+        torch.testing.assert_close(f, ref, rtol=1e-5, atol=1e-5)
+    for bad in ([1, 3, 7], [3, 1, 5], [1, 1, 5], [1, 5]):
+        with pytest.raises(ValueError, match="3 distinct ascending ids in \\[0, 6\\]"):
+            feat_mod.check_layer_ids(bad, 8)
 
 
 def test_stage_b_final_hidden_is_the_lm_head_input(target, sequences):
@@ -376,6 +399,26 @@ def test_cli_end_to_end_and_resume(tmp_path):
         soft_rec = json.load(f)
     assert soft_rec["train"]["soft_targets"] is True and rec["train"]["soft_targets"] is False
     assert soft_rec["args"]["soft_targets"] is True
+    # --aux-layer-ids: features.pt captured at the default layers is refused (one line), a bad list
+    # fails before any stage, and on fresh features the draft config records the chosen layers.
+    p5 = subprocess.run(soft_cmd + ["--aux-layer-ids", "1,3,6"], capture_output=True, text=True, cwd=ROOT,
+                        timeout=300)
+    assert p5.returncode != 0 and "captured at aux layer ids [1, 3, 4], not [1, 3, 6]" in p5.stderr, p5.stderr[-2000:]
+    p6 = subprocess.run(cmd + ["--aux-layer-ids", "1,3,7"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p6.returncode == 1 and p6.stderr.strip().startswith("error: aux layer ids [1, 3, 7]"), p6.stderr
+    assert "Traceback" not in p6.stderr
+    taps_out = str(tmp_path / "taps")
+    os.makedirs(taps_out)
+    for f in ("split.json", "sequences.json", "self_prompts.json", "timings.json"):
+        shutil.copyfile(os.path.join(out, f), os.path.join(taps_out, f))
+    p7 = subprocess.run([a if a != out else taps_out for a in cmd] + ["--aux-layer-ids", "1,3,6"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p7.returncode == 0 and "[generate]" not in p7.stderr, p7.stderr[-3000:]
+    with open(os.path.join(taps_out, "draft", "config.json")) as f:
+        assert json.load(f)["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 6]
+    assert torch.load(os.path.join(taps_out, "features.pt"), weights_only=False)["aux_layer_ids"] == [1, 3, 6]
+    reloaded = draft_mod.load_draft(os.path.join(taps_out, "draft"), torch.zeros(256, 192))
+    assert reloaded.spec.layer_ids == [1, 3, 6]
     # A bad target is one line, exit code 2.
     p3 = subprocess.run([sys.executable, "-m", "sglang_ext.recipe.eagle3", "--target", str(tmp_path),
                          "--out", out], capture_output=True, text=True, cwd=ROOT, timeout=120)

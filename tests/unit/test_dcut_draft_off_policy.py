@@ -33,9 +33,10 @@ def _table(off=True):
 class Reference:
     """The rules of the docstring, written as an explicit three-phase machine over plain lists."""
 
-    def __init__(self, table_rows, table_bs, off_ms, margin, dwell, alpha, max_interval):
+    def __init__(self, table_rows, table_bs, off_ms, margin, dwell, alpha, max_interval, decisive):
         self.rows, self.bss, self.off = table_rows, table_bs, off_ms
         self.margin, self.dwell, self.alpha, self.max_interval = margin, dwell, alpha, max_interval
+        self.decisive = decisive
         self.phase = "draft"  # "draft", "off", "after_probe"
         self.count = 0  # steps in the current phase
         self.gain = None  # per tier
@@ -56,7 +57,8 @@ class Reference:
         u_off = bs / off_cost
         u_on = max(bs * (1 + self.gain[q]) / costs[q] for q in range(len(costs)))
         if self.phase == "draft":
-            if self.count >= self.dwell and u_off > u_on * (1 + self.margin):
+            clear_loss = u_off > u_on * (1 + self.decisive)  # no dwell needed
+            if (self.count >= self.dwell and u_off > u_on * (1 + self.margin)) or clear_loss:
                 self.phase, self.count, self.interval = "off", 1, self.dwell
                 return True
             self.count += 1
@@ -96,7 +98,7 @@ def _run_policy(events, table, params):
 def _run_reference(events, table, params):
     ref = Reference([list(r) for r in table.step_ms], list(table.batch_sizes),
                     None if table.off_ms is None else list(table.off_ms), params.margin, params.min_dwell,
-                    params.alpha, params.max_probe_interval)
+                    params.alpha, params.max_probe_interval, params.decisive_margin)
     offs = []
     for bs, expected in events:
         off = ref.decide(bs)
@@ -123,8 +125,10 @@ def _random_events(rng, n):
 def test_policy_matches_the_reference(seed):
     rng = random.Random(seed)
     dwell = rng.choice([1, 3, 8])
-    params = DraftOffParams(margin=rng.choice([0.0, 0.05, 0.2]), min_dwell=dwell,
-                            alpha=rng.choice([0.25, 0.5, 1.0]), max_probe_interval=dwell * rng.choice([1, 4, 16]))
+    margin = rng.choice([0.0, 0.05, 0.2])
+    params = DraftOffParams(margin=margin, min_dwell=dwell,
+                            alpha=rng.choice([0.25, 0.5, 1.0]), max_probe_interval=dwell * rng.choice([1, 4, 16]),
+                            decisive_margin=margin + rng.choice([0.0, 0.25, 1.0, float("inf")]))
     events = _random_events(rng, 300)
     table = _table()
     got = _run_policy(events, table, params)
@@ -163,16 +167,30 @@ def test_never_off_without_draft_off_costs_or_estimate():
 
 def test_minimum_dwell_probe_and_hysteresis_sequence():
     """Off clearly better: D drafted steps, then runs of D off steps separated by one probe."""
-    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3)
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3, decisive_margin=float("inf"))
     poor = [8 * 1.0] * 4  # no accepted drafts: U_draft = 8 / 3 < U_off = 5.33
     seq = _run_policy([(8, poor)] * 15, _table(), params)
     # step 1 drafts and observes; steps 2-3 draft (dwell 3 not reached before step 4)
     assert seq == [False, False, False, True, True, True, False, True, True, True, False, True, True, True, False]
 
 
+def test_clear_losses_switch_off_without_the_dwell():
+    """Drafting that clearly loses (U_off > 1.25 U_draft) stops after the one step that measured
+    it; a loss within (margin, decisive_margin] waits for the dwell, as before."""
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3)
+    poor = [8 * 1.0] * 4  # U_draft = 8 / 3 = 2.67, U_off = 5.33: 2x
+    assert _run_policy([(8, poor)] * 6, _table(), params) == [False, True, True, True, False, True]
+    # U_1.0 = 8 * (1 + 2.3) / 6 = 4.4: U_off / U_draft = 1.21, within 1.25 -> 3 drafted steps first
+    near = [8.0, 8.0, 8.0, 8 * 3.3]
+    assert _run_policy([(8, near)] * 5, _table(), params) == [False, False, False, True, True]
+    # decisive_margin = margin: every loss beyond the margin is decisive
+    sharp = DraftOffParams(margin=0.05, min_dwell=3, decisive_margin=0.05)
+    assert _run_policy([(8, near)] * 3, _table(), sharp) == [False, True, True]
+
+
 def test_probe_interval_backs_off_to_its_cap():
     """Each probe that keeps drafting off doubles the next run of off steps: 3, 6, 12, then 12."""
-    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=12)
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=12, decisive_margin=float("inf"))
     poor = [8.0] * 4
     seq = _run_policy([(8, poor)] * 60, _table(), params)
     runs, cur, probes = [], 0, 0
@@ -209,7 +227,7 @@ def test_off_switches_on_without_a_probe_when_drafting_pays_at_this_batch_size()
 
 
 def test_probe_switches_back_on_when_drafting_wins_again():
-    params = DraftOffParams(margin=0.05, min_dwell=2, alpha=1.0)
+    params = DraftOffParams(margin=0.05, min_dwell=2, alpha=1.0, decisive_margin=float("inf"))
     poor, rich = [8.0] * 4, [8 * 4.0] * 4  # rich: U_0.25 = 32 / 3 = 10.7 > 5.33
     events = [(8, poor)] * 3 + [(8, rich)] * 6
     seq = _run_policy(events, _table(), params)
@@ -262,3 +280,7 @@ def test_params_are_checked():
         DraftOffParams(alpha=0.0)
     with pytest.raises(ValueError, match="margin"):
         DraftOffParams(margin=-0.1)
+    with pytest.raises(ValueError, match="decisive_margin"):
+        DraftOffParams(margin=0.3, decisive_margin=0.25)
+    with pytest.raises(ValueError, match="decisive_margin"):
+        DraftOffParams(decisive_margin=float("nan"))
