@@ -837,7 +837,8 @@ def report(res: dict, out_png: str = None) -> None:
         a = st["auto"]
         print(f"\nauto: keep ratio {a.get('keep_ratio')}, tiers {a.get('tier_histogram')}")
     if res.get("lossless_vs_full"):
-        print(f"\nlossless vs {res.get('lossless_reference', 'full')} (token for token): {res['lossless_vs_full']}")
+        ref = res.get("lossless_reference", "full")
+        print(f"\nlossless vs {'full verify' if ref == 'full' else ref} (token for token): {res['lossless_vs_full']}")
     if res.get("cost_table_info"):
         print(f"cost table: {res['cost_table_info']}")
     if out_png:
