@@ -61,8 +61,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--aux-layer-ids", default=None, metavar="A,B,C",
                    help="target layers whose outputs feed the draft, written to the draft config as "
                         "eagle_aux_hidden_state_layer_ids (SGLang captures the output of layer id); default "
-                        "SGLang's 2, L/2, L-3 inputs (ids 1, L/2-1, L-4). Later layers carry more of the "
-                        "target's next-token prediction")
+                        "SGLang's 2, L/2, L-3 inputs (ids 1, L/2-1, L-4)")
     p.add_argument("--soft-targets", action="store_true",
                    help="train on the target's distribution over the draft vocabulary (from its final "
                         "hidden states, captured with the features) instead of its greedy token only")
