@@ -817,7 +817,7 @@ def report(res: dict, out_png: str = None) -> None:
               " so slow drifts of a shared host cancel)")
         _print_ratio_rows(rows, paired, bs_list)
     st = res.get("dcut") or {}
-    eff = _step_efficiency(st, bs_list)
+    eff = _step_efficiency(st, bs_list) if fixed and "full" in tok else {}  # its rows need full and the tiers
     if eff:
         print("\ndecode-step efficiency ratios (accepted tokens per ms of timed decode steps, all repeats;"
               " mean over repeats, prefill excluded)")
