@@ -228,8 +228,12 @@ def run(args: argparse.Namespace) -> str:
     import torch
 
     from sglang_ext.recipe import data as data_mod
+    from sglang_ext.recipe import features as feat_mod
     from sglang_ext.recipe import generate as gen_mod
 
+    with open(os.path.join(args.target, "config.json")) as f:
+        num_layers = json.load(f)["num_hidden_layers"]
+    layer_ids = feat_mod.check_layer_ids(_int_list(args.aux_layer_ids), num_layers)  # before any stage
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.makedirs(args.out, exist_ok=True)
@@ -276,11 +280,6 @@ def run(args: argparse.Namespace) -> str:
         return seq_path
 
     # 3. features
-    from sglang_ext.recipe import features as feat_mod
-
-    with open(os.path.join(args.target, "config.json")) as f:
-        num_layers = json.load(f)["num_hidden_layers"]
-    layer_ids = feat_mod.check_layer_ids(_int_list(args.aux_layer_ids), num_layers)
     feat_path = os.path.join(args.out, "features.pt")
     final_path = os.path.join(args.out, "final_hidden.pt")
     target = None
@@ -376,10 +375,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: --target {args.target} has no config.json", file=sys.stderr)
         return 2
     try:
-        from sglang_ext.recipe.features import check_layer_ids
-
-        with open(os.path.join(args.target, "config.json")) as f:  # before any stage: fail fast
-            check_layer_ids(_int_list(args.aux_layer_ids), json.load(f)["num_hidden_layers"])
         out = run(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
