@@ -638,6 +638,18 @@ class DraftOffParams:
         the dwell guards near-ties from flapping, not clear losses (entering a 16-request batch on
         the real pair, 8 dwell steps of ~2.3x a draft-off step cost ~8 % of a 128-token run).
         ``>= margin``; ``inf`` turns it off.
+    probe_budget : float
+        Share of the draft-off time that probes may cost, going by the cost table: a run of off
+        steps before a probe lasts at least ``ceil((min_q C_q - C_off) / (probe_budget * C_off))``
+        steps at the current batch size (:func:`probe_wait`), whatever the back-off has reached.
+        Where a drafted step costs several draft-off steps (bs 64 on the real pair on CPU: 2.7 s
+        against 0.85 s, one probe = 2.2 wasted off steps) the doubling alone probes about four times
+        in 128 steps, ~7 % of the time; where drafting costs little more than draft-off (a GPU at
+        small batches) the floor is small and the back-off rules. ``> 0``; ``inf`` turns it off.
+    max_probe_wait : int
+        Cap of that floor, in steps (the longest wait for a probe, so a workload whose drafts
+        became good is noticed within this many steps even at a batch size where drafting is
+        expensive). ``>= max_probe_interval``.
     """
 
     margin: float = 0.05
@@ -645,6 +657,8 @@ class DraftOffParams:
     alpha: float = 0.25
     max_probe_interval: int = 64
     decisive_margin: float = 0.25
+    probe_budget: float = 0.02
+    max_probe_wait: int = 256
 
     def __post_init__(self) -> None:
         if not (self.margin >= 0.0 and math.isfinite(self.margin)):
@@ -658,6 +672,11 @@ class DraftOffParams:
         if int(self.max_probe_interval) < int(self.min_dwell):
             raise ValueError(f"draft-off max_probe_interval must be >= min_dwell ({self.min_dwell}), "
                              f"got {self.max_probe_interval}")
+        if not (self.probe_budget > 0.0):  # inf allowed (no floor); NaN refused
+            raise ValueError(f"draft-off probe_budget must be > 0 (inf: no floor), got {self.probe_budget}")
+        if int(self.max_probe_wait) < int(self.max_probe_interval):
+            raise ValueError(f"draft-off max_probe_wait must be >= max_probe_interval ({self.max_probe_interval}), "
+                             f"got {self.max_probe_wait}")
 
 
 @dataclass(frozen=True)
@@ -726,6 +745,33 @@ def observe_draft_gains(
     return dataclasses.replace(state, gains=tuple((1.0 - a) * g + a * x for g, x in zip(state.gains, new)))
 
 
+def probe_wait(tier_costs: Sequence[float], off_cost: float, params: DraftOffParams = DraftOffParams()) -> int:
+    """Fewest draft-off steps before a probe so that probes cost at most ``probe_budget`` of the
+    draft-off time: ``ceil((min_q C_q - C_off) / (probe_budget * C_off))``, clipped to
+    ``[0, max_probe_wait]`` (0 when a tier costs no more than draft-off or the budget is ``inf``).
+
+    A probe is a drafted step planned as usual; the cheapest tier is what it costs at least, so
+    the wait bounds the probes' share from below (the catch-up extend a probe triggers is the
+    draft's own work, deferred, and not counted).
+
+    Examples
+    --------
+    The real pair on CPU at bs 64 (ms): tier 0.25 costs 2746, draft-off 845, so one probe wastes
+    2.25 off steps and 2 % allows one every 113 steps; a GPU-like row (1.2x) every 10:
+
+    >>> probe_wait([2746.0, 4397.0, 5610.0, 6814.0], 845.0)
+    113
+    >>> probe_wait([1.2, 1.5], 1.0), probe_wait([0.9, 1.5], 1.0), probe_wait([90.0], 1.0)
+    (10, 0, 256)
+    >>> probe_wait([2746.0], 845.0, DraftOffParams(probe_budget=float("inf")))
+    0
+    """
+    extra = min(float(c) for c in tier_costs) - float(off_cost)
+    if extra <= 0.0 or math.isinf(params.probe_budget) or off_cost <= 0.0:
+        return 0
+    return min(int(params.max_probe_wait), math.ceil(extra / (params.probe_budget * float(off_cost)) - 1e-9))
+
+
 def draft_off_decision(
     state: DraftOffState,
     batch_size: int,
@@ -751,7 +797,9 @@ def draft_off_decision(
       draft one *probe* step (the planner plans it as usual and refreshes ``g``); the step after
       a probe drafts again (switch on) only if ``U_draft > (1 + m) * U_off``, else it starts
       another run of off steps with ``I`` doubled (``I`` starts at ``D``, at most
-      ``max_probe_interval``; back to ``D`` when drafting switches on).
+      ``max_probe_interval``; back to ``D`` when drafting switches on). The run before a probe
+      lasts ``max(I, W)`` steps, ``W`` = :func:`probe_wait` at the current batch size (the probe
+      budget).
 
     Returns the decision and the next state (the input is not changed).
 
@@ -800,7 +848,7 @@ def draft_off_decision(
     if state.probed:  # the probe confirmed draft-off: back off before the next one
         longer = min(2 * interval, int(params.max_probe_interval))  # >= min_dwell (checked)
         return DraftOffDecision(True, DraftOffState(False, 1, False, state.gains, longer), u_off, u_draft)
-    if state.dwell >= interval:  # probe: one drafted step
+    if state.dwell >= max(interval, probe_wait(costs, off_row[1], params)):  # probe: one drafted step
         return DraftOffDecision(False, DraftOffState(False, 0, True, state.gains, interval), u_off, u_draft,
                                 probe=True)
     return DraftOffDecision(True, dataclasses.replace(state, dwell=state.dwell + 1), u_off, u_draft)

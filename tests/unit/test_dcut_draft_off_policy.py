@@ -17,10 +17,12 @@ from sglang_ext.dcut import (
     choose,
     draft_off_decision,
     observe_draft_gains,
+    probe_wait,
 )
 
 KEY = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 64, "0.5.23", "0.1")
 TIERS = (0.25, 0.5, 0.75, 1.0)
+NO_BUDGET = float("inf")  # probe_budget off: the probe timing of the back-off alone
 
 
 def _table(off=True):
@@ -33,10 +35,10 @@ def _table(off=True):
 class Reference:
     """The rules of the docstring, written as an explicit three-phase machine over plain lists."""
 
-    def __init__(self, table_rows, table_bs, off_ms, margin, dwell, alpha, max_interval, decisive):
+    def __init__(self, table_rows, table_bs, off_ms, margin, dwell, alpha, max_interval, decisive, budget, max_wait):
         self.rows, self.bss, self.off = table_rows, table_bs, off_ms
         self.margin, self.dwell, self.alpha, self.max_interval = margin, dwell, alpha, max_interval
-        self.decisive = decisive
+        self.decisive, self.budget, self.max_wait = decisive, budget, max_wait
         self.phase = "draft"  # "draft", "off", "after_probe"
         self.count = 0  # steps in the current phase
         self.gain = None  # per tier
@@ -70,7 +72,14 @@ class Reference:
             self.interval = min(self.interval * 2, self.max_interval)
             self.phase, self.count = "off", 1
             return True
-        if self.count >= self.interval:  # probe
+        # probe budget: waste (cheapest tier - off) per probe <= budget * off * steps between probes
+        floor = 0
+        waste = min(costs) - off_cost
+        if waste > 0 and budget_finite(self.budget):
+            floor = 0
+            while waste > self.budget * off_cost * floor * (1 + 1e-12) and floor < self.max_wait:
+                floor += 1
+        if self.count >= max(self.interval, floor):  # probe
             self.phase, self.count = "after_probe", 0
             return False
         self.count += 1
@@ -82,6 +91,10 @@ class Reference:
             self.gain = new
         else:
             self.gain = [g + self.alpha * (x - g) for g, x in zip(self.gain, new)]
+
+
+def budget_finite(b):
+    return b != float("inf")
 
 
 def _run_policy(events, table, params):
@@ -98,7 +111,8 @@ def _run_policy(events, table, params):
 def _run_reference(events, table, params):
     ref = Reference([list(r) for r in table.step_ms], list(table.batch_sizes),
                     None if table.off_ms is None else list(table.off_ms), params.margin, params.min_dwell,
-                    params.alpha, params.max_probe_interval, params.decisive_margin)
+                    params.alpha, params.max_probe_interval, params.decisive_margin, params.probe_budget,
+                    params.max_probe_wait)
     offs = []
     for bs, expected in events:
         off = ref.decide(bs)
@@ -128,7 +142,8 @@ def test_policy_matches_the_reference(seed):
     margin = rng.choice([0.0, 0.05, 0.2])
     params = DraftOffParams(margin=margin, min_dwell=dwell,
                             alpha=rng.choice([0.25, 0.5, 1.0]), max_probe_interval=dwell * rng.choice([1, 4, 16]),
-                            decisive_margin=margin + rng.choice([0.0, 0.25, 1.0, float("inf")]))
+                            decisive_margin=margin + rng.choice([0.0, 0.25, 1.0, float("inf")]),
+                            probe_budget=rng.choice([float("inf"), 0.05, 0.5, 2.0]), max_probe_wait=dwell * 16)
     events = _random_events(rng, 300)
     table = _table()
     got = _run_policy(events, table, params)
@@ -167,7 +182,7 @@ def test_never_off_without_draft_off_costs_or_estimate():
 
 def test_minimum_dwell_probe_and_hysteresis_sequence():
     """Off clearly better: D drafted steps, then runs of D off steps separated by one probe."""
-    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3, decisive_margin=float("inf"))
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3, decisive_margin=float("inf"), probe_budget=NO_BUDGET)
     poor = [8 * 1.0] * 4  # no accepted drafts: U_draft = 8 / 3 < U_off = 5.33
     seq = _run_policy([(8, poor)] * 15, _table(), params)
     # step 1 drafts and observes; steps 2-3 draft (dwell 3 not reached before step 4)
@@ -177,7 +192,7 @@ def test_minimum_dwell_probe_and_hysteresis_sequence():
 def test_clear_losses_switch_off_without_the_dwell():
     """Drafting that clearly loses (U_off > 1.25 U_draft) stops after the one step that measured
     it; a loss within (margin, decisive_margin] waits for the dwell, as before."""
-    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3)
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3, probe_budget=NO_BUDGET)
     poor = [8 * 1.0] * 4  # U_draft = 8 / 3 = 2.67, U_off = 5.33: 2x
     assert _run_policy([(8, poor)] * 6, _table(), params) == [False, True, True, True, False, True]
     # U_1.0 = 8 * (1 + 2.3) / 6 = 4.4: U_off / U_draft = 1.21, within 1.25 -> 3 drafted steps first
@@ -190,7 +205,7 @@ def test_clear_losses_switch_off_without_the_dwell():
 
 def test_probe_interval_backs_off_to_its_cap():
     """Each probe that keeps drafting off doubles the next run of off steps: 3, 6, 12, then 12."""
-    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=12, decisive_margin=float("inf"))
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=12, decisive_margin=float("inf"), probe_budget=NO_BUDGET)
     poor = [8.0] * 4
     seq = _run_policy([(8, poor)] * 60, _table(), params)
     runs, cur, probes = [], 0, 0
@@ -206,10 +221,32 @@ def test_probe_interval_backs_off_to_its_cap():
     assert probes == 5  # a fixed interval of 3 would have probed 14 times in these 57 steps
 
 
+def test_probe_budget_spaces_probes_by_the_cost_table():
+    """At bs 8 a drafted step costs at least 3 ms (tier 0.25), a draft-off step 1.5 ms: each probe
+    wastes 1.5 ms, so a 10 % budget allows one probe per 1.5 / (0.1 * 1.5) = 10 off steps, although
+    the back-off alone (min_dwell 3, cap 3) would probe after every 3."""
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3, probe_budget=0.1)
+    poor = [8.0] * 4
+    seq = _run_policy([(8, poor)] * 34, _table(), params)
+    off_run = [True] * 10
+    assert seq == [False] + off_run + [False] + off_run + [False] + off_run + [False]
+    # the probes' extra cost stays within the budget of the off time
+    probes, offs = seq[1:].count(False), seq.count(True)
+    assert probes * (3.0 - 1.5) <= 0.1 * offs * 1.5 + 1e-9
+    # the cap: a 0.1 % budget would wait 1000 steps; max_probe_wait 12 bounds it
+    capped = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3, probe_budget=0.001, max_probe_wait=12)
+    seq = _run_policy([(8, poor)] * 15, _table(), capped)
+    assert seq == [False] + [True] * 12 + [False, True]
+    # at bs 64 (tier 0.25 6 ms, off 3 ms) the same 10 % budget waits 3 / 0.3 = 10 steps too, and
+    # a tier no dearer than draft-off leaves the back-off alone
+    assert probe_wait([6.0, 9.0], 3.0, params) == 10
+    assert probe_wait([3.0, 9.0], 3.0, params) == 0
+
+
 def test_off_switches_on_without_a_probe_when_drafting_pays_at_this_batch_size():
     """Off at bs 64; at the next step the batch is at bs 1, where the gains at hand make drafting
     pay: that step drafts (no waiting for the next probe); gains that do not pay keep it off."""
-    params = DraftOffParams(margin=0.05, min_dwell=2, max_probe_interval=64, alpha=1.0)
+    params = DraftOffParams(margin=0.05, min_dwell=2, max_probe_interval=64, alpha=1.0, probe_budget=NO_BUDGET)
     # bs 64: U_off = 64 / 3 = 21.3 > 1.05 * U_draft = 1.05 * 64 * 1.6 / 6 = 17.9 -> off
     s, offs = DraftOffState(), []
     for _ in range(6):
@@ -227,7 +264,7 @@ def test_off_switches_on_without_a_probe_when_drafting_pays_at_this_batch_size()
 
 
 def test_probe_switches_back_on_when_drafting_wins_again():
-    params = DraftOffParams(margin=0.05, min_dwell=2, alpha=1.0, decisive_margin=float("inf"))
+    params = DraftOffParams(margin=0.05, min_dwell=2, alpha=1.0, decisive_margin=float("inf"), probe_budget=NO_BUDGET)
     poor, rich = [8.0] * 4, [8 * 4.0] * 4  # rich: U_0.25 = 32 / 3 = 10.7 > 5.33
     events = [(8, poor)] * 3 + [(8, rich)] * 6
     seq = _run_policy(events, _table(), params)
@@ -284,3 +321,8 @@ def test_params_are_checked():
         DraftOffParams(margin=0.3, decisive_margin=0.25)
     with pytest.raises(ValueError, match="decisive_margin"):
         DraftOffParams(decisive_margin=float("nan"))
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="probe_budget"):
+            DraftOffParams(probe_budget=bad)
+    with pytest.raises(ValueError, match="max_probe_wait"):
+        DraftOffParams(max_probe_interval=64, max_probe_wait=32)
