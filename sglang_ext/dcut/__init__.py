@@ -50,10 +50,10 @@ from sglang_ext.dcut.planner import (
     TierChoice,
     choose,
     draft_off_decision,
-    probe_wait,
     forward_costs,
     observe_draft_gains,
     parse_mode,
+    probe_wait,
     reset_fallback_warning,
 )
 from sglang_ext.dcut.scores import (
@@ -139,7 +139,6 @@ __all__ = [
     "confidence_from_probs",
     "cut_links",
     "draft_off_decision",
-    "probe_wait",
     "forward_costs",
     "keep_count",
     "observe_draft_gains",
@@ -147,6 +146,7 @@ __all__ = [
     "parents_from_retrive",
     "parse_mode",
     "path_reduce",
+    "probe_wait",
     "rank_chain",
     "rank_tree",
     "reset_fallback_warning",

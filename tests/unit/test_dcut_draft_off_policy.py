@@ -76,7 +76,6 @@ class Reference:
         floor = 0
         waste = min(costs) - off_cost
         if waste > 0 and budget_finite(self.budget):
-            floor = 0
             while waste > self.budget * off_cost * floor * (1 + 1e-12) and floor < self.max_wait:
                 floor += 1
         if self.count >= max(self.interval, floor):  # probe
@@ -182,7 +181,8 @@ def test_never_off_without_draft_off_costs_or_estimate():
 
 def test_minimum_dwell_probe_and_hysteresis_sequence():
     """Off clearly better: D drafted steps, then runs of D off steps separated by one probe."""
-    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3, decisive_margin=float("inf"), probe_budget=NO_BUDGET)
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=3, decisive_margin=float("inf"),
+                            probe_budget=NO_BUDGET)
     poor = [8 * 1.0] * 4  # no accepted drafts: U_draft = 8 / 3 < U_off = 5.33
     seq = _run_policy([(8, poor)] * 15, _table(), params)
     # step 1 drafts and observes; steps 2-3 draft (dwell 3 not reached before step 4)
@@ -205,7 +205,8 @@ def test_clear_losses_switch_off_without_the_dwell():
 
 def test_probe_interval_backs_off_to_its_cap():
     """Each probe that keeps drafting off doubles the next run of off steps: 3, 6, 12, then 12."""
-    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=12, decisive_margin=float("inf"), probe_budget=NO_BUDGET)
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_interval=12, decisive_margin=float("inf"),
+                            probe_budget=NO_BUDGET)
     poor = [8.0] * 4
     seq = _run_policy([(8, poor)] * 60, _table(), params)
     runs, cur, probes = [], 0, 0
