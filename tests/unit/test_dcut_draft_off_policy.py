@@ -75,7 +75,7 @@ class Reference:
         # probe budget: waste (cheapest tier - off) per probe <= budget * off * steps between probes
         floor = 0
         waste = min(costs) - off_cost
-        if waste > 0 and budget_finite(self.budget):
+        if waste > 0 and self.budget != float("inf"):
             while waste > self.budget * off_cost * floor * (1 + 1e-12) and floor < self.max_wait:
                 floor += 1
         if self.count >= max(self.interval, floor):  # probe
@@ -90,10 +90,6 @@ class Reference:
             self.gain = new
         else:
             self.gain = [g + self.alpha * (x - g) for g, x in zip(self.gain, new)]
-
-
-def budget_finite(b):
-    return b != float("inf")
 
 
 def _run_policy(events, table, params):
