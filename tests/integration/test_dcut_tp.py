@@ -6,7 +6,8 @@ Each rank computes its own plan from slightly different confidences (as TP ranks
 group is a no-op.
 
 Launched servers (trained testbed models, EAGLE3 + SpecExit + ``--dcut auto``): TP 2 on the CPU
-testbed (``SGLANG_CPU_OMP_THREADS_BIND="0|1"``) answers exactly as TP 1 and both ranks verify with
+testbed (``SGLANG_CPU_OMP_THREADS_BIND="0|1"``) answers as TP 1 (the same tokens; SpecExit may exit
+one paragraph apart, see ``_assert_same_answers_up_to_the_exit_paragraph``) and both ranks verify with
 the same tier at every step (traced by ``tier_trace_launch.py``); DP 2 likewise (slow tier).
 
 Budget: < 30 s for the gloo tests; the TP 2 server test ~2 min idle, up to 4 min on the loaded
@@ -145,13 +146,27 @@ def _serve(tmp_path, name, flags, env):
     return answers, info, traces
 
 
+def _assert_same_answers_up_to_the_exit_paragraph(out, ref):
+    """Final answers equal; each reasoning is the same greedy text, one possibly a prefix of the other.
+
+    SpecExit's exit is a threshold on smoothed signals. A TP 2 forward sums its all-reduce in another
+    order than TP 1, and with ``--dcut auto`` the verify width (and so the matmul shapes) depends on
+    timing; CPU matmuls are neither reduction- nor batch-invariant, so a signal near its threshold may
+    cross it one paragraph earlier or later. The tokens themselves must not differ.
+    """
+    assert len(out) == len(ref)
+    for (reasoning, answer), (ref_reasoning, ref_answer) in zip(out, ref):
+        assert answer == ref_answer
+        assert reasoning.startswith(ref_reasoning) or ref_reasoning.startswith(reasoning), (reasoning, ref_reasoning)
+
+
 def test_tp2_matches_tp1_with_the_same_tier_on_both_ranks(tmp_path):
     """Budget: ~2 min idle, up to 4 min on the loaded 2-core host (two server start-ups, 16 requests each)."""
     t0 = time.time()
     ref, info1, _ = _serve(tmp_path, "tp1", ["--tp-size", "1"], {})
     out, info2, traces = _serve(tmp_path, "tp2", ["--tp-size", "2"], {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
     print(f"tp1 + tp2: {time.time() - t0:.0f} s")
-    assert out == ref  # greedy answers identical, SpecExit's early exits included
+    _assert_same_answers_up_to_the_exit_paragraph(out, ref)
     assert "The answer is 9." in ref[0][1]
     for info in (info1, info2):
         state = info["internal_states"][0]
@@ -167,16 +182,11 @@ def test_tp2_matches_tp1_with_the_same_tier_on_both_ranks(tmp_path):
 @pytest.mark.slow
 def test_dp2_matches_tp1(tmp_path):
     """DP 2 (two schedulers, requests split round-robin): the same answers as TP 1, and both DP ranks run
-    D-Cut and SpecExit. Each rank batches half the requests, and CPU matmuls are not batch-invariant,
-    so SpecExit's smoothed signals can cross a threshold one paragraph earlier or later: the reasoning
-    is the same greedy text up to the earlier exit (one is a prefix of the other). Budget: ~2-4 min
-    (two server start-ups)."""
+    D-Cut and SpecExit. Each rank batches half the requests (matmul shapes differ from TP 1). Budget:
+    ~2-4 min (two server start-ups)."""
     ref, _, _ = _serve(tmp_path, "tp1", ["--tp-size", "1"], {})
     out, info, traces = _serve(tmp_path, "dp2", ["--dp-size", "2"], {"SGLANG_CPU_OMP_THREADS_BIND": "0|1"})
-    assert len(out) == len(ref)
-    for (reasoning, answer), (ref_reasoning, ref_answer) in zip(out, ref):
-        assert answer == ref_answer
-        assert reasoning.startswith(ref_reasoning) or ref_reasoning.startswith(reasoning), (reasoning, ref_reasoning)
+    _assert_same_answers_up_to_the_exit_paragraph(out, ref)
     states = info["internal_states"]
     assert len(states) == 2
     for state in states:
