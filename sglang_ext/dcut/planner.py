@@ -650,6 +650,17 @@ class DraftOffParams:
         Cap of that floor, in steps (the longest wait for a probe, so a workload whose drafts
         became good is noticed within this many steps even at a batch size where drafting is
         expensive). ``>= max_probe_interval``.
+    explore_steps : int
+        Length of an *exploration* burst: while drafting at a batch size whose draft-off cost
+        has never been measured online (``off_observed`` False in :func:`draft_off_decision`),
+        this many draft-off steps are run once the dwell allows, so the online costs measure the
+        cell (the first 2 of them are the online costs' warm-up). A draft-off cost profiled too
+        high (a loaded host) is otherwise never corrected: a cell that is never chosen is never
+        timed. ``0`` turns exploring off.
+    explore_gap : float
+        Explore only where draft-off would win were its true cost ``explore_gap`` times lower
+        than the table's: ``explore_gap * U_off > (1 + margin) * U_draft`` (a row where drafting
+        wins by more is not worth the burst). ``>= 1``.
     """
 
     margin: float = 0.05
@@ -659,6 +670,8 @@ class DraftOffParams:
     decisive_margin: float = 0.25
     probe_budget: float = 0.02
     max_probe_wait: int = 256
+    explore_steps: int = 8
+    explore_gap: float = 2.0
 
     def __post_init__(self) -> None:
         if not (self.margin >= 0.0 and math.isfinite(self.margin)):
@@ -677,6 +690,10 @@ class DraftOffParams:
         if int(self.max_probe_wait) < int(self.max_probe_interval):
             raise ValueError(f"draft-off max_probe_wait must be >= max_probe_interval ({self.max_probe_interval}), "
                              f"got {self.max_probe_wait}")
+        if isinstance(self.explore_steps, bool) or int(self.explore_steps) != self.explore_steps or self.explore_steps < 0:
+            raise ValueError(f"draft-off explore_steps must be an integer >= 0, got {self.explore_steps!r}")
+        if not (1.0 <= self.explore_gap < math.inf):
+            raise ValueError(f"draft-off explore_gap must be a finite number >= 1, got {self.explore_gap}")
 
 
 @dataclass(frozen=True)
@@ -697,6 +714,13 @@ class DraftOffState:
     probe_interval : int
         Draft-off steps before the next probe (0: ``min_dwell``; doubled by each probe that keeps
         drafting off, up to ``max_probe_interval``).
+    explore_left : int
+        Draft-off steps of the current exploration burst still to run (drafting stays the choice).
+    explored : bool
+        The previous step ended an exploration burst: the switch-off rule may act at once.
+    explore_interval : int
+        Drafted steps before the next burst (0: ``min_dwell``; doubled by each burst, up to
+        ``max_probe_wait``; never reset, so exploring costs a bounded share of a server's life).
     """
 
     drafting: bool = True
@@ -704,18 +728,23 @@ class DraftOffState:
     probed: bool = False
     gains: Optional[tuple[float, ...]] = None
     probe_interval: int = 0
+    explore_left: int = 0
+    explored: bool = False
+    explore_interval: int = 0
 
 
 @dataclass(frozen=True)
 class DraftOffDecision:
     """One step's draft-off choice: ``off`` (skip drafting this step), the next state, and the
-    committed tokens per ms it compared (None when no comparison was possible)."""
+    committed tokens per ms it compared (None when no comparison was possible); ``probe`` marks a
+    drafted step while drafting is off, ``explore`` a draft-off step of an exploration burst."""
 
     off: bool
     state: DraftOffState
     off_utility: Optional[float] = None
     draft_utility: Optional[float] = None
     probe: bool = False
+    explore: bool = False
 
 
 def observe_draft_gains(
@@ -777,6 +806,7 @@ def draft_off_decision(
     batch_size: int,
     cost_table: Optional[CostTable],
     params: DraftOffParams = DraftOffParams(),
+    off_observed: Optional[bool] = None,
 ) -> DraftOffDecision:
     """Decide, *before drafting*, whether step ``t + 1`` drafts or runs draft-off.
 
@@ -799,7 +829,14 @@ def draft_off_decision(
       another run of off steps with ``I`` doubled (``I`` starts at ``D``, at most
       ``max_probe_interval``; back to ``D`` when drafting switches on). The run before a probe
       lasts ``max(I, W)`` steps, ``W`` = :func:`probe_wait` at the current batch size (the probe
-      budget).
+      budget);
+    * exploring (``off_observed`` False: the online costs have not measured the draft-off cost
+      of this row; None, without online costs, never explores): while drafting and not switching
+      off, once ``dwell >= E`` and ``explore_gap * U_off > (1 + m) * U_draft``, run
+      ``explore_steps`` draft-off steps (drafting stays the choice; the gains are kept), then
+      decide again at once: the switch-off rule may act without the dwell, on the table the
+      burst corrected. ``E`` starts at ``D`` and doubles with each burst, up to
+      ``max_probe_wait``; the dwell restarts after a burst.
 
     Returns the decision and the next state (the input is not changed).
 
@@ -823,12 +860,23 @@ def draft_off_decision(
         True
         >>> draft_off_decision(DraftOffState(gains=(2.4,), dwell=1), 4, t, DraftOffParams(min_dwell=8)).off
         False
+
+    Gains 3.5 make drafting worth 4.5 tokens/ms, more than draft-off's 4 at its table cost; were
+    draft-off 2x cheaper (8 > 1.05 * 4.5) it would win, so a row whose draft-off cost was never
+    measured online explores it after the dwell:
+
+        >>> d = draft_off_decision(DraftOffState(gains=(3.5,), dwell=8), 4, t, off_observed=False)
+        >>> d.off, d.explore, d.state.drafting, d.state.explore_left, d.state.explore_interval
+        (True, True, True, 7, 16)
+        >>> draft_off_decision(DraftOffState(gains=(3.5,), dwell=8), 4, t, off_observed=True).off
+        False
     """
     bs = int(batch_size)
     dwell = int(params.min_dwell)
     off_row = cost_table.lookup_off(bs) if cost_table is not None else None
     if off_row is None or state.gains is None or bs <= 0:
-        return DraftOffDecision(False, dataclasses.replace(state, drafting=True, probed=False,
+        return DraftOffDecision(False, dataclasses.replace(state, drafting=True, probed=False, explore_left=0,
+                                                           explored=False,
                                                            dwell=state.dwell + 1 if state.drafting else 1))
     costs = cost_table.lookup(bs)[1]
     u_off = bs / off_row[1]
@@ -837,18 +885,32 @@ def draft_off_decision(
     better_draft = u_draft > (1.0 + params.margin) * u_off
     decisive_off = u_off > (1.0 + params.decisive_margin) * u_draft
     interval = int(state.probe_interval) or dwell
+    explore_every = int(state.explore_interval) or dwell
     if state.drafting:
-        if (state.dwell >= dwell and better_off) or decisive_off:
-            nxt = DraftOffState(drafting=False, dwell=1, probed=False, gains=state.gains, probe_interval=dwell)
+        if state.explore_left > 0:  # inside an exploration burst: off, drafting stays the choice
+            left = state.explore_left - 1
+            nxt = dataclasses.replace(state, explore_left=left, explored=left == 0, probed=False)
+            return DraftOffDecision(True, nxt, u_off, u_draft, explore=True)
+        if ((state.dwell >= dwell or state.explored) and better_off) or decisive_off:
+            nxt = DraftOffState(drafting=False, dwell=1, probed=False, gains=state.gains, probe_interval=dwell,
+                                explore_interval=state.explore_interval)
             return DraftOffDecision(True, nxt, u_off, u_draft)
-        nxt = dataclasses.replace(state, dwell=state.dwell + 1, probed=False)
+        if (off_observed is False and params.explore_steps > 0 and state.dwell >= explore_every
+                and params.explore_gap * u_off > (1.0 + params.margin) * u_draft):
+            left = int(params.explore_steps) - 1
+            nxt = dataclasses.replace(state, dwell=0, probed=False, explore_left=left, explored=left == 0,
+                                      explore_interval=min(2 * explore_every, int(params.max_probe_wait)))
+            return DraftOffDecision(True, nxt, u_off, u_draft, explore=True)
+        nxt = dataclasses.replace(state, dwell=state.dwell + 1, probed=False, explored=False)
         return DraftOffDecision(False, nxt, u_off, u_draft)
     if better_draft:  # after a probe, or the batch size moved to where drafting pays
-        return DraftOffDecision(False, DraftOffState(True, 1, False, state.gains), u_off, u_draft)
+        return DraftOffDecision(False, DraftOffState(True, 1, False, state.gains,
+                                                     explore_interval=state.explore_interval), u_off, u_draft)
     if state.probed:  # the probe confirmed draft-off: back off before the next one
         longer = min(2 * interval, int(params.max_probe_interval))  # >= min_dwell (checked)
-        return DraftOffDecision(True, DraftOffState(False, 1, False, state.gains, longer), u_off, u_draft)
+        return DraftOffDecision(True, dataclasses.replace(state, dwell=1, probed=False, probe_interval=longer),
+                                u_off, u_draft)
     if state.dwell >= max(interval, probe_wait(costs, off_row[1], params)):  # probe: one drafted step
-        return DraftOffDecision(False, DraftOffState(False, 0, True, state.gains, interval), u_off, u_draft,
-                                probe=True)
+        return DraftOffDecision(False, dataclasses.replace(state, dwell=0, probed=True, probe_interval=interval),
+                                u_off, u_draft, probe=True)
     return DraftOffDecision(True, dataclasses.replace(state, dwell=state.dwell + 1), u_off, u_draft)

@@ -178,3 +178,60 @@ def test_step_clock_attributes_intervals_to_the_earlier_step(monkeypatch):
     off.reset_online_costs()
     assert off.online_costs is None and off.planning_table() is table
     assert off.online_costs_summary() == {"setting": "off", "active": False}
+
+
+def test_runner_explores_a_draft_off_cost_the_table_overstates(monkeypatch):
+    """The runner without an engine: the table says a draft-off step costs 12 ms at bs 4, it really
+    costs 4 ms; drafted steps cost what the table says (10 ms at tier 0.25). Drafting looks better
+    (0.6 against 0.33 committed tokens per ms) but not by the exploration gap, so after the dwell the
+    runner runs one burst of draft-off steps, the online costs measure the row, and drafting is
+    switched off at once (4 / 4.8 ms > 0.6). Without online costs it never explores."""
+    from types import SimpleNamespace as NS
+
+    import sglang_ext.engine.dcut.runner as runner_mod
+    from sglang_ext.config import DCutConfig
+    from sglang_ext.dcut import CostTable, CostTableKey, DraftOffParams, observe_draft_gains
+    from sglang_ext.dcut.online_costs import OFF_COLUMN
+    from sglang_ext.engine.dcut.runner import DCutRunner, StepDecision
+
+    key = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "test")
+    table = CostTable.build(key, [4, 16], [[10.0, 20.0, 30.0, 40.0], [50.0, 60.0, 70.0, 80.0]],
+                            off_ms=[12.0, 30.0])
+    now = [0.0]
+    monkeypatch.setattr(runner_mod.time, "perf_counter", lambda: now[0])
+    expected = [4 * 1.5, 4 * 2.0, 4 * 2.2, 4 * 2.3]  # bs + S_q: gains 0.5 / 1 / 1.2 / 1.3 per request
+
+    def serve(online, steps=40):
+        runner = DCutRunner(NS(speculative_num_draft_tokens=4, topk=1),
+                            DCutConfig(mode="auto", online_costs="on" if online else "off"))
+        runner.cost_table = table
+        runner.reset_online_costs()
+        params = runner.draft_off_params
+        offs = []
+        for _ in range(steps):
+            runner.begin_step(True)
+            off = runner.draft_off_for_step(4)
+            offs.append(off)
+            if off:
+                decision = StepDecision.draft_off(4, 12.0, OFF_COLUMN if online else None)
+            else:
+                decision = StepDecision.full(4, 4)
+                decision.cost_column = 0 if online else None
+                runner.draft_off_state = observe_draft_gains(runner.draft_off_state, 4, expected, params)
+            runner.metrics.record(decision, None)
+            now[0] += (4.0 if off else 10.0) / 1e3
+        return runner, offs
+
+    runner, offs = serve(online=True)
+    burst = DraftOffParams().explore_steps
+    dwell = DraftOffParams().min_dwell
+    assert burst >= 3  # the online costs' warm-up (2) plus at least one counted step
+    # drafted until the dwell, one burst, then draft-off for good (probes aside: drafting loses)
+    assert offs[:dwell] == [False] * dwell and offs[dwell:dwell + burst] == [True] * burst, offs
+    assert offs[dwell + burst] is True and not runner.draft_off_state.drafting, offs
+    assert runner.explore_steps == burst
+    assert runner.online_costs.factor(4, OFF_COLUMN) < 0.5  # 4 ms measured against 12 predicted
+    summary = runner.draft_off_summary()
+    assert summary["explore_steps"] == burst and summary["exploring"] is False and summary["drafting"] is False
+    runner, offs = serve(online=False)
+    assert not any(offs) and runner.explore_steps == 0

@@ -1,5 +1,6 @@
-"""D-Cut draft-off choice (pure): the objective, the dwell / hysteresis rules, the probe steps, and
-the per-request gains the planner leaves, checked against an independent step-by-step reference.
+"""D-Cut draft-off choice (pure): the objective, the dwell / hysteresis rules, the probe steps, the
+exploration bursts, and the per-request gains the planner leaves, checked against an independent
+step-by-step reference.
 
 Budget: < 3 s.
 """
@@ -35,21 +36,27 @@ def _table(off=True):
 class Reference:
     """The rules of the docstring, written as an explicit three-phase machine over plain lists."""
 
-    def __init__(self, table_rows, table_bs, off_ms, margin, dwell, alpha, max_interval, decisive, budget, max_wait):
+    def __init__(self, table_rows, table_bs, off_ms, margin, dwell, alpha, max_interval, decisive, budget, max_wait,
+                 burst, gap):
         self.rows, self.bss, self.off = table_rows, table_bs, off_ms
         self.margin, self.dwell, self.alpha, self.max_interval = margin, dwell, alpha, max_interval
         self.decisive, self.budget, self.max_wait = decisive, budget, max_wait
-        self.phase = "draft"  # "draft", "off", "after_probe"
+        self.burst, self.gap = burst, gap
+        self.phase = "draft"  # "draft", "off", "after_probe", "explore"
         self.count = 0  # steps in the current phase
         self.gain = None  # per tier
         self.interval = dwell  # off steps before the next probe
+        self.explore_every = dwell  # drafted steps before the next exploration burst
+        self.burst_left = 0  # off steps of the current burst after this one
+        self.just_explored = False  # a burst ended with the previous step
 
     def _row(self, bs):
         i = next((i for i, b in enumerate(self.bss) if b >= bs), len(self.bss) - 1)
         return self.rows[i], (None if self.off is None else self.off[i])
 
-    def decide(self, bs):
-        """True = this step runs with drafting off."""
+    def decide(self, bs, observed=None):
+        """True = this step runs with drafting off; ``observed``: the online costs measured this
+        row's draft-off cost (None: no online costs)."""
         costs, off_cost = self._row(bs)
         if off_cost is None or self.gain is None:
             if self.phase != "draft":
@@ -58,10 +65,26 @@ class Reference:
             return False
         u_off = bs / off_cost
         u_on = max(bs * (1 + self.gain[q]) / costs[q] for q in range(len(costs)))
+        if self.phase == "explore":  # the burst runs to its end whatever the utilities say
+            self.burst_left -= 1
+            if self.burst_left == 0:
+                self.phase, self.just_explored = "draft", True
+            return True
         if self.phase == "draft":
             clear_loss = u_off > u_on * (1 + self.decisive)  # no dwell needed
-            if (self.count >= self.dwell and u_off > u_on * (1 + self.margin)) or clear_loss:
+            may_switch = self.count >= self.dwell or self.just_explored
+            if (may_switch and u_off > u_on * (1 + self.margin)) or clear_loss:
                 self.phase, self.count, self.interval = "off", 1, self.dwell
+                return True
+            self.just_explored = False
+            worth_it = self.gap * u_off > u_on * (1 + self.margin)  # off would win at 1/gap of its cost
+            if observed is False and self.burst > 0 and self.count >= self.explore_every and worth_it:
+                self.count, self.burst_left = 0, self.burst - 1
+                self.explore_every = min(self.explore_every * 2, self.max_wait)
+                if self.burst_left > 0:
+                    self.phase = "explore"
+                else:
+                    self.just_explored = True
                 return True
             self.count += 1
             return False
@@ -92,38 +115,65 @@ class Reference:
             self.gain = [g + self.alpha * (x - g) for g, x in zip(self.gain, new)]
 
 
-def _run_policy(events, table, params):
-    state, offs = DraftOffState(), []
+class Observer:
+    """Stands in for the online costs: a row's draft-off cost counts as measured after
+    ``needed`` draft-off steps at a batch size of that row (``needed`` None: no online costs)."""
+
+    def __init__(self, table, needed):
+        self.bss, self.needed, self.offs = list(table.batch_sizes), needed, {}
+
+    def _row(self, bs):
+        return next((i for i, b in enumerate(self.bss) if b >= bs), len(self.bss) - 1)
+
+    def observed(self, bs):
+        return None if self.needed is None else self.offs.get(self._row(bs), 0) >= self.needed
+
+    def step(self, bs, off):
+        if off:
+            self.offs[self._row(bs)] = self.offs.get(self._row(bs), 0) + 1
+
+
+def _run_policy(events, table, params, needed=None, explores=None):
+    """The policy's off / drafted sequence; ``explores`` (a list) collects each step's ``explore``."""
+    state, offs, obs = DraftOffState(), [], Observer(table, needed)
     for bs, expected in events:
-        d = draft_off_decision(state, bs, table, params)
+        d = draft_off_decision(state, bs, table, params, obs.observed(bs))
         state = d.state
         offs.append(d.off)
+        if explores is not None:
+            explores.append(d.explore)
+        obs.step(bs, d.off)
         if not d.off and expected is not None:
             state = observe_draft_gains(state, bs, expected, params)
     return offs
 
 
-def _run_reference(events, table, params):
+def _run_reference(events, table, params, needed=None):
     ref = Reference([list(r) for r in table.step_ms], list(table.batch_sizes),
                     None if table.off_ms is None else list(table.off_ms), params.margin, params.min_dwell,
                     params.alpha, params.max_probe_interval, params.decisive_margin, params.probe_budget,
-                    params.max_probe_wait)
-    offs = []
+                    params.max_probe_wait, params.explore_steps, params.explore_gap)
+    offs, obs = [], Observer(table, needed)
     for bs, expected in events:
-        off = ref.decide(bs)
+        off = ref.decide(bs, obs.observed(bs))
         offs.append(off)
+        obs.step(bs, off)
         if not off and expected is not None:
             ref.observe(bs, expected)
     return offs
 
 
-def _random_events(rng, n):
+def _random_events(rng, n, keep_bs=0.0, top=3.0):
+    """``keep_bs``: chance that a step keeps the previous step's batch size; accepted drafts per
+    request at full verification in [0, ``top``]."""
     events = []
-    level = rng.uniform(0.0, 3.0)
+    level = rng.uniform(0.0, top)
+    bs = rng.choice([1, 3, 8, 20, 64, 100])
     for _ in range(n):
         if rng.random() < 0.05:
-            level = rng.uniform(0.0, 3.0)  # the workload changes
-        bs = rng.choice([1, 3, 8, 20, 64, 100])
+            level = rng.uniform(0.0, top)  # the workload changes
+        if rng.random() >= keep_bs:
+            bs = rng.choice([1, 3, 8, 20, 64, 100])
         per_req = [level * f for f in (0.3, 0.6, 0.85, 1.0)]
         expected = [bs * (1 + g + rng.uniform(-0.1, 0.1)) for g in per_req]
         events.append((bs, None if rng.random() < 0.05 else expected))  # some steps not captured
@@ -138,12 +188,30 @@ def test_policy_matches_the_reference(seed):
     params = DraftOffParams(margin=margin, min_dwell=dwell,
                             alpha=rng.choice([0.25, 0.5, 1.0]), max_probe_interval=dwell * rng.choice([1, 4, 16]),
                             decisive_margin=margin + rng.choice([0.0, 0.25, 1.0, float("inf")]),
-                            probe_budget=rng.choice([float("inf"), 0.05, 0.5, 2.0]), max_probe_wait=dwell * 16)
+                            probe_budget=rng.choice([float("inf"), 0.05, 0.5, 2.0]), max_probe_wait=dwell * 16,
+                            explore_steps=rng.choice([0, 1, 3, 8]), explore_gap=rng.choice([1.0, 2.0, 5.0]))
     events = _random_events(rng, 300)
     table = _table()
-    got = _run_policy(events, table, params)
-    assert got == _run_reference(events, table, params)
+    needed = rng.choice([None, 1, 3, 1000])  # 1000: a row never counts as measured (bursts back off)
+    got = _run_policy(events, table, params, needed)
+    assert got == _run_reference(events, table, params, needed)
     assert any(got) and not all(got)  # the case exercises both choices
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_policy_matches_the_reference_while_exploring(seed):
+    """Batch sizes that stay a while and rows whose draft-off cost is not yet measured: bursts run."""
+    rng = random.Random(100 + seed)
+    dwell = rng.choice([1, 3, 8])
+    params = DraftOffParams(margin=rng.choice([0.0, 0.05]), min_dwell=dwell, alpha=rng.choice([0.25, 1.0]),
+                            max_probe_interval=dwell * 4, probe_budget=rng.choice([float("inf"), 0.5]),
+                            max_probe_wait=dwell * 16, explore_steps=rng.choice([1, 3, 8]),
+                            explore_gap=rng.choice([2.0, 5.0]))
+    events = _random_events(rng, 400, keep_bs=0.95, top=8.0)  # drafting often wins by less than 2x
+    table, needed, explores = _table(), rng.choice([1, 3, 1000]), []
+    got = _run_policy(events, table, params, needed, explores)
+    assert got == _run_reference(events, table, params, needed)
+    assert any(explores)
 
 
 # ----------------------------------------------------------------------------- rules, hand-computed
@@ -238,6 +306,46 @@ def test_probe_budget_spaces_probes_by_the_cost_table():
     # a tier no dearer than draft-off leaves the back-off alone
     assert probe_wait([6.0, 9.0], 3.0, params) == 10
     assert probe_wait([3.0, 9.0], 3.0, params) == 0
+
+
+def test_exploration_bursts_back_off_until_the_row_is_measured():
+    """bs 8: gains 4 at full verification make drafting worth 8 * 5 / 6 = 6.67 tokens/ms against
+    draft-off's 5.33 at its table cost, but draft-off would win at half that cost (10.7 > 7.0):
+    while the row's draft-off cost is unmeasured, bursts of 4 off steps run after 3, 6, 12 drafted
+    steps; once measured, none; without online costs (None) or with exploring off, none."""
+    params = DraftOffParams(margin=0.05, min_dwell=3, max_probe_wait=64, explore_steps=4, explore_gap=2.0)
+    good = [8.0, 8.0, 8.0, 8 * 5.0]
+    burst = [True] * 4
+    seq = _run_policy([(8, good)] * 40, _table(), params, needed=1000)
+    assert seq == [False] * 3 + burst + [False] * 6 + burst + [False] * 12 + burst + [False] * 7
+    assert _run_policy([(8, good)] * 20, _table(), params, needed=1) == [False] * 3 + burst + [False] * 13
+    assert not any(_run_policy([(8, good)] * 40, _table(), params, needed=None))
+    off = DraftOffParams(margin=0.05, min_dwell=3, explore_steps=0)
+    assert not any(_run_policy([(8, good)] * 40, _table(), off, needed=1000))
+    # drafting worth more than gap x draft-off (gains 9: 13.3 > 10.7 / 1.05): not worth a burst
+    assert not any(_run_policy([(8, [8.0, 8.0, 8.0, 80.0])] * 40, _table(), params, needed=1000))
+
+
+def test_after_a_burst_the_corrected_table_switches_off_at_once():
+    """The burst measured draft-off at a third of its table cost (0.5 ms: U_off 16 > 1.05 * 6.67):
+    the step after the burst switches drafting off without a new dwell; a burst that confirms the
+    table keeps drafting."""
+    params = DraftOffParams(margin=0.05, min_dwell=3, explore_steps=4, probe_budget=NO_BUDGET)
+    good = [8.0, 8.0, 8.0, 8 * 5.0]
+    cheap = CostTable.build(KEY, [1, 8, 64], [list(r) for r in _table().step_ms], tiers=TIERS,
+                            off_ms=[1.0, 0.5, 3.0], created="2026-01-01T00:00:00+00:00")
+    for corrected, want_off in ((cheap, True), (_table(), False)):
+        state, offs, table = DraftOffState(), [], _table()
+        for _ in range(9):
+            d = draft_off_decision(state, 8, table, params, off_observed=table is corrected)
+            state = d.state
+            offs.append(d.off)
+            if not d.off:
+                state = observe_draft_gains(state, 8, good, params)
+            if d.explore and state.explored:  # the burst's last step: the online costs now hold it
+                table = corrected
+        assert offs[:7] == [False] * 3 + [True] * 4
+        assert offs[7] is want_off and state.drafting is not want_off, offs
 
 
 def test_off_switches_on_without_a_probe_when_drafting_pays_at_this_batch_size():

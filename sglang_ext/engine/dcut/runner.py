@@ -791,6 +791,7 @@ class DCutRunner:
         self.step_draft_off = False  # the step in progress runs without drafting (set by the worker)
         self._decode_steps = 0
         self._no_off_costs_warned = False
+        self.explore_steps = 0  # draft-off steps of exploration bursts (drafting stayed the choice)
         # --dcut-online-costs: corrections learned from the step clock (created with the table)
         self.online_costs: Optional[OnlineCosts] = None
         self._applied_factors: Optional[Tuple[Tuple[float, ...], ...]] = None  # what the planner uses
@@ -951,6 +952,7 @@ class DCutRunner:
         off, state = self._draft_off_choice(batch_size, self._decode_steps)
         if state is not None:
             self.draft_off_state = state
+            self.explore_steps += int(off and state.drafting)  # off while drafting is the choice: a burst
         return off
 
     def preview_draft_off(self, batch_size: int) -> bool:
@@ -976,8 +978,21 @@ class DCutRunner:
                 logger.warning("D-Cut: the cost table has no draft-off costs (schema version 1, or profiled with "
                                "--dcut-draft-off never); drafting is never switched off (re-profile to enable it)")
             return False, None
-        decision = draft_off_decision(self.draft_off_state, batch_size, self.planning_table(), self.draft_off_params)
+        decision = draft_off_decision(self.draft_off_state, batch_size, self.planning_table(), self.draft_off_params,
+                                      self._off_observed(batch_size))
         return decision.off, decision.state
+
+    def _off_observed(self, batch_size: int) -> Optional[bool]:
+        """Whether the corrections the planner uses hold a measured draft-off cost for the row of
+        ``batch_size`` (its factor moved from 1.0: one counted observation sets it to
+        ``sqrt(observed / predicted)``); None without online costs (then the policy never
+        explores). With TP these are rank 0's broadcast factors, so every rank answers alike."""
+        oc = self.online_costs
+        if oc is None:
+            return None
+        if self._applied_factors is None:
+            return False
+        return self._applied_factors[oc.row_index(batch_size)][-1] != 1.0
 
     def draft_off_summary(self) -> Dict[str, Any]:
         """``/server_info`` ``internal_states[i].dcut.draft_off``: the setting, the current choice
@@ -986,6 +1001,7 @@ class DCutRunner:
         return {"setting": getattr(self.cfg, "draft_off", None), "drafting": st.drafting,
                 "gains": None if st.gains is None else [round(g, 4) for g in st.gains],
                 "probe_interval": st.probe_interval or None,
+                "exploring": st.explore_left > 0, "explore_steps": self.explore_steps,
                 "force_every": self.force_draft_off_every,
                 "table_has_costs": None if self.cost_table is None else self.cost_table.has_draft_off}
 
