@@ -721,7 +721,8 @@ def run_url(args) -> dict:
 def _stats_with_calibration(state: dict) -> dict:
     """The live D-Cut metrics plus the calibration exponent ``tau`` at this moment (None: off)."""
     calib = state.get("calibration")
-    return {**state["metrics"], "calibration_tau": None if not calib else calib["tau"]}
+    explore = (state.get("draft_off") or {}).get("explore_steps", 0)
+    return {**state["metrics"], "calibration_tau": None if not calib else calib["tau"], "explore_steps": explore}
 
 
 def _delta(before: dict, after: dict) -> dict:
@@ -729,6 +730,7 @@ def _delta(before: dict, after: dict) -> dict:
     d = {k: after[k] - before[k] for k in ("steps", "pruned_steps", "verified_tokens", "full_tokens",
                                           "accepted_tokens")}
     d["draft_off_steps"] = after.get("draft_off_steps", 0) - before.get("draft_off_steps", 0)
+    d["explore_steps"] = after.get("explore_steps", 0) - before.get("explore_steps", 0)
     hist = {k: v - before["tier_histogram"].get(k, 0) for k, v in after["tier_histogram"].items()}
     d["tier_histogram"] = {k: v for k, v in hist.items() if v}
     if after.get("calibration_tau") is not None:  # summed over runs; _merge divides by "runs"
@@ -950,7 +952,8 @@ def _report_steps(st: dict, bs_list: List[int]) -> None:
             label = "" if m == "auto" else f" {NEVER}"
             print(f"  bs={b:>3}{label}: keep {kr if kr is None else round(kr, 3)}  tiers {a.get('tier_histogram')}"
                   + ("" if tau is None else f"  tau {tau:.2f}")
-                  + (f"  draft-off share {off / a['steps']:.2f}" if off is not None and a.get("steps") else ""))
+                  + (f"  draft-off share {off / a['steps']:.2f}" if off is not None and a.get("steps") else "")
+                  + (f" (exploring {a['explore_steps']})" if a.get("explore_steps") else ""))
     full = [g("full", b) for b in bs_list]
     if any(f.get("accept_survival") for f in full):
         print("\nacceptance along the chain (full verify): mean accept length (bonus incl.) and P(len >= k)")
