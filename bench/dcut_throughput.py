@@ -551,6 +551,9 @@ def run_bench(args) -> dict:
         modes = [m for m in ALL_MODES if m in engine_of]
         results.update(_measure(engine_of, prompts, args.bs_list, args, modes=modes, set_mode=set_mode, stats=stats,
                                 prime=() if args.no_timing else DCUT_MODES))
+        # the online corrections auto planned with at the end (the corrected cells per profiled bs)
+        online = {m: engine_of[m].client("dcut_states")[0].get("online_costs") for m in ("auto", NEVER)
+                  if m in engine_of}
     finally:
         _shutdown_all(engines)
 
@@ -569,6 +572,7 @@ def run_bench(args) -> dict:
         "cost_table": info.get("cost_table"), "cost_table_info": info.get("cost_table_info"),
         **_throughput(results), "dcut": dcut_stats, "lossless_vs_full": lossless, "lossless_reference": ref,
         "tokens_per_verify": spec, "adaptive": {k: v for k, v in adaptive.items() if k != "config_path"},
+        "online_costs": {m: (o or {}).get("corrections") for m, o in online.items()},
     }
     res["paired_ratios"] = _paired_ratios(res["tok_s_runs"], args.bs_list, [m for m in FIXED if m in results])
     return res
@@ -838,6 +842,11 @@ def report(res: dict, out_png: str = None) -> None:
     elif st.get("auto"):  # results of the earlier format (one entry per mode)
         a = st["auto"]
         print(f"\nauto: keep ratio {a.get('keep_ratio')}, tiers {a.get('tier_histogram')}")
+    for m, rows in (res.get("online_costs") or {}).items():
+        if rows:
+            print(f"\nonline cost corrections of {m} at the end (per profiled bs: column -> factor, corrected ms): "
+                  + "; ".join(f"bs {b}: " + ", ".join(f"{c} x{v['factor']:.2f} {v['ms']:.0f}" for c, v in cells.items())
+                              for b, cells in rows.items()))
     if res.get("lossless_vs_full"):
         ref = res.get("lossless_reference", "full")
         print(f"\nlossless vs {'full verify' if ref == 'full' else ref} (token for token): {res['lossless_vs_full']}")
