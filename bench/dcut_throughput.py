@@ -14,7 +14,11 @@ In one run, for batch sizes 1, 4, 16, 32, 64 (all requests submitted together, g
   supports the shape: chains only (topk 1; ``num_draft_tokens = num_steps + 1``); for trees it is
   printed ``n/a`` with SGLang's reason. Its config: SGLang's default adaptive config with
   ``--num-steps`` added to the candidates of its batch-size-1 slot (SGLang requires the launch
-  steps to be a candidate), or ``--adaptive-config FILE``.
+  steps to be a candidate), or ``--adaptive-config FILE``;
+* ``auto-depth``: ``--dcut auto`` under ``--speculative-adaptive`` (the same config): D-Cut's depth
+  mode, which chooses the chain depth among SGLang's adaptive runtime states and when to switch
+  drafting off, from a cost table of the depths profiled at its own launch (chains only, like
+  ``adaptive``).
 
 Each engine runs in a process of its own (:class:`EngineProcess`), all up side by side with SGLang's
 ``--sleep-on-idle``; the five modes of the D-Cut engine are switched at runtime with
@@ -92,10 +96,11 @@ MODE_RATIO = {"full": 1.0, "r0.25": 0.25, "r0.5": 0.5, "r0.75": 0.75, "auto": 0.
 FIXED = ("r0.25", "r0.5", "r0.75")  # the fixed tiers below full verification ("best" = the fastest of them)
 NEVER = "auto-never"  # --dcut auto --dcut-draft-off never (a second engine on the same cost table)
 ADAPTIVE = "adaptive"  # SGLang's --speculative-adaptive (the chain only: topk 1)
+DEPTH = "auto-depth"  # --dcut auto under --speculative-adaptive: D-Cut's depth mode (chains only)
 NO_SPEC = "no-spec"
-DCUT_MODES = MODES + (NEVER,)  # the modes with D-Cut metrics
+DCUT_MODES = MODES + (NEVER, DEPTH)  # the modes with D-Cut metrics
 #: printing order of every mode a result may hold
-ALL_MODES = (NO_SPEC, "server", "full", "r0.25", "r0.5", "r0.75", NEVER, "auto", ADAPTIVE)
+ALL_MODES = (NO_SPEC, "server", "full", "r0.25", "r0.5", "r0.75", NEVER, "auto", DEPTH, ADAPTIVE)
 #: why SGLang's adaptive speculative decoding cannot run a shape (its adaptive_unsupported_reason)
 ADAPTIVE_TOPK_REASON = ("SGLang's --speculative-adaptive supports only --speculative-eagle-topk 1 "
                         "(sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason); this shape has "
@@ -141,6 +146,8 @@ def _parse_args(argv=None):
     p.add_argument("--skip-never", action="store_true",
                    help=f"no '{NEVER}' engine (--dcut auto --dcut-draft-off never on the same cost table)")
     p.add_argument("--skip-adaptive", action="store_true", help="no SGLang --speculative-adaptive engine")
+    p.add_argument("--skip-depth", action="store_true",
+                   help=f"no '{DEPTH}' engine (--dcut auto under --speculative-adaptive: D-Cut's depth mode)")
     p.add_argument("--modes", default=None, metavar="M1,M2",
                    help=f"measure only these modes (of {', '.join(m for m in ALL_MODES if m != 'server')}; "
                         "'auto' is always measured): e.g. 'no-spec,auto' for long runs of the draft-off "
@@ -519,6 +526,12 @@ def run_bench(args) -> dict:
             start("dcut", **dcut_kw)
         wait("dcut")
         startup = time.perf_counter() - t0
+        if adaptive.get("config_path") and not getattr(args, "skip_depth", False):
+            # D-Cut's depth mode profiles its own table (the depths are its columns): launched alone too
+            start(DEPTH, speculative_adaptive=True, speculative_adaptive_config=adaptive["config_path"], dcut="auto",
+                  dcut_draft_off="auto", dcut_cache_dir=extra["dcut_cache_dir"],
+                  **({"dcut_profile_steps": args.profile_steps} if args.profile_steps else {}), **eagle)
+            wait(DEPTH)
         eng = engines["dcut"]
         print(f"  EAGLE3 --dcut auto engine up in {startup:.1f} s", flush=True)
         info = eng.client("dcut_info")
@@ -531,7 +544,7 @@ def run_bench(args) -> dict:
             start(NEVER, **never_kw)
         wait(NEVER)
         engine_of.update({m: eng for m in dcut_modes})
-        engine_of.update({n: engines[n] for n in (NO_SPEC, NEVER, ADAPTIVE) if n in engines})
+        engine_of.update({n: engines[n] for n in (NO_SPEC, NEVER, ADAPTIVE, DEPTH) if n in engines})
         if ADAPTIVE in engines:
             adaptive["server"] = {k: engines[ADAPTIVE].get_server_info().get(k) for k in
                                   ("speculative_adaptive", "speculative_num_steps", "speculative_num_draft_tokens",
@@ -552,7 +565,7 @@ def run_bench(args) -> dict:
         results.update(_measure(engine_of, prompts, args.bs_list, args, modes=modes, set_mode=set_mode, stats=stats,
                                 prime=() if args.no_timing else DCUT_MODES))
         # the online corrections auto planned with at the end (the corrected cells per profiled bs)
-        online = {m: engine_of[m].client("dcut_states")[0].get("online_costs") for m in ("auto", NEVER)
+        online = {m: engine_of[m].client("dcut_states")[0].get("online_costs") for m in ("auto", NEVER, DEPTH)
                   if m in engine_of}
     finally:
         _shutdown_all(engines)
@@ -589,7 +602,7 @@ def _apply_modes(args) -> tuple:
     >>> _apply_modes(argparse.Namespace(modes="auto,fast", skip_no_spec=False, skip_never=False,
     ...                                 skip_adaptive=False))
     Traceback (most recent call last):
-    SystemExit: --modes: unknown mode 'fast' (known: no-spec, full, r0.25, r0.5, r0.75, auto-never, auto, adaptive)
+    SystemExit: --modes: unknown mode 'fast' (known: no-spec, full, r0.25, r0.5, r0.75, auto-never, auto, auto-depth, adaptive)
     """
     if not args.modes:
         return MODES
@@ -602,6 +615,7 @@ def _apply_modes(args) -> tuple:
     args.skip_no_spec = args.skip_no_spec or NO_SPEC not in want
     args.skip_never = args.skip_never or NEVER not in want
     args.skip_adaptive = args.skip_adaptive or ADAPTIVE not in want
+    args.skip_depth = getattr(args, "skip_depth", False) or DEPTH not in want
     return tuple(m for m in MODES if m in want)
 
 
@@ -869,7 +883,9 @@ def _throughput(results: Dict) -> dict:
 RATIOS = (("auto/full", "auto", "full"), ("auto/best", "auto", "best"), ("best/full", "best", "full"),
           (f"auto/{NO_SPEC.replace('-', '')}", "auto", NO_SPEC), (f"full/{NO_SPEC.replace('-', '')}", "full", NO_SPEC),
           ("auto/peak", "auto", "peak"), ("auto/never", "auto", NEVER), ("never/peak", NEVER, "peak"),
-          ("auto/adaptive", "auto", ADAPTIVE), ("adaptive/peak", ADAPTIVE, "peak"))
+          ("auto/adaptive", "auto", ADAPTIVE), ("adaptive/peak", ADAPTIVE, "peak"),
+          ("depth/adaptive", DEPTH, ADAPTIVE), (f"depth/{NO_SPEC.replace('-', '')}", DEPTH, NO_SPEC),
+          ("depth/peak", DEPTH, "peak"))
 
 
 def ratios_of(tps: Dict[str, float], fixed: List[str]) -> Dict[str, float]:
@@ -950,7 +966,7 @@ def _report_steps(st: dict, bs_list: List[int]) -> None:
 
     print("\nauto per batch size: keep ratio, tier histogram (steps; draft_off = steps without drafting), "
           "survival calibration exponent tau (mean at the end of the auto runs; 1 = raw draft confidences)")
-    for m in ("auto", NEVER):
+    for m in ("auto", NEVER, DEPTH):
         if not st.get(m):
             continue
         for b in bs_list:
@@ -958,7 +974,7 @@ def _report_steps(st: dict, bs_list: List[int]) -> None:
             kr = a.get("keep_ratio")
             tau = a.get("calibration_tau")
             off = a.get("draft_off_steps")
-            label = "" if m == "auto" else f" {NEVER}"
+            label = "" if m == "auto" else f" {m}"
             print(f"  bs={b:>3}{label}: keep {kr if kr is None else round(kr, 3)}  tiers {a.get('tier_histogram')}"
                   + ("" if tau is None else f"  tau {tau:.2f}")
                   + (f"  draft-off share {off / a['steps']:.2f}" if off is not None and a.get("steps") else "")

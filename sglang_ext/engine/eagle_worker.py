@@ -69,7 +69,9 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
             from sglang_ext.engine.dcut.runner import DCutRunner
 
             self.dcut = DCutRunner(self, self.ext_config.dcut)
-            if self._draft_worker is not None:
+            if self.dcut.depth is not None:
+                self._install_depth_policy()
+            elif self._draft_worker is not None:
                 from sglang_ext.engine.dcut.deferred_extend import DeferredDraftExtend
 
                 self.deferred_extend = DeferredDraftExtend(self, self.ext_config.dcut.draft_off_extend,
@@ -85,6 +87,25 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
         super().init_cuda_graphs()
         if self.dcut is not None:
             self.dcut.init_after_graphs(self)
+
+    # ------------------------------------------------------------------ D-Cut depth mode
+    def _install_depth_policy(self) -> None:
+        """Depth mode (``--dcut auto --speculative-adaptive``, ``patches/dcut_depth_policy.md``): the
+        adaptive controller is rebuilt with D-Cut's policy through SGLang's public constructor,
+        before its runtime states are built (``init_cuda_graphs``). Draft-off steps run SGLang's
+        one-row draft extend every step (the deferred catch-up is not combined with the runtime
+        states' per-depth draft-extend backends)."""
+        from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
+
+        from sglang_ext.engine.dcut.depth_mode import DCutDepthPolicy
+
+        self.adaptive_controller = AdaptiveController(self, DCutDepthPolicy(self.dcut, self.adaptive_controller.params))
+
+    def activate_step_by_batch(self, batch_size):
+        # a draft-off step runs the zero-step configuration set by _zero_step: no runtime-state switch
+        if self.dcut is not None and self.dcut.step_draft_off:
+            return
+        super().activate_step_by_batch(batch_size)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         if self.dcut is not None:  # the step clock of --dcut-online-costs (no device sync)

@@ -10,6 +10,8 @@ The maths is in the pure package :mod:`sglang_ext.dcut`; this room wires it into
 * ``draft_extend``: the eager draft extend over the accepted rows only;
 * ``deferred_extend``: the draft extend of draft-off steps, deferred and caught up in one extend
   before drafting resumes;
+* ``depth_mode``: ``--dcut auto`` under ``--speculative-adaptive``: the chain depth chosen among
+  SGLang's adaptive runtime states (``DCutDepthPolicy`` drives SGLang's ``AdaptiveController``);
 * ``hooks``: ``HookRegistry`` hooks (tree path scores, ``/server_info``, ``/set_internal_state``);
 * ``client``: read and switch the D-Cut state of a running server (tests, benches).
 

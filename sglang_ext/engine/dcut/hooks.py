@@ -125,6 +125,7 @@ def after_get_internal_state(result, scheduler, *args, **kwargs):
                                       "draft_off": runner.draft_off_summary(),
                                       "draft_off_extend": deferred_extend_stats(scheduler),
                                       "online_costs": runner.online_costs_summary(),
+                                      "depth_mode": None if runner.depth is None else runner.depth.summary(),
                                       "kv_pool": kv_pool_state(scheduler)}
         except Exception as e:  # metrics must never break /server_info
             logger.warning("D-Cut metrics unavailable: %s", e)

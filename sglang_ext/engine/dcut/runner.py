@@ -62,6 +62,7 @@ predicted chain survival per position; ``bench/dcut_throughput.py`` turns it on.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -92,7 +93,9 @@ from sglang_ext.dcut import (
     scatter_to_full,
 )
 from sglang_ext.dcut.calibration import PowerCalibration
+from sglang_ext.dcut.depth import depth_decision, depth_gains, depth_tiers, observe_chain_accepts
 from sglang_ext.dcut.online_costs import OFF_COLUMN, OnlineCosts, apply_factors
+from sglang_ext.engine.dcut.depth_mode import DepthMode, adaptive_depths
 
 logger = logging.getLogger(__name__)
 
@@ -710,6 +713,10 @@ class TargetForwardInterceptor:
 
 
 # ----------------------------------------------------------------------------- the runner
+ADAPTIVE_FLAG = "--speculative-adaptive"
+"""The unsupported reason that depth mode may lift (``sglang_ext.engine.dcut.depth_mode``)."""
+
+
 def _unsupported_reason(worker: Any) -> Optional[str]:
     """Why D-Cut cannot prune on this server (None when it can)."""
     try:
@@ -718,7 +725,7 @@ def _unsupported_reason(worker: Any) -> Optional[str]:
         if get_parallel().pp_size > 1:
             return "pipeline parallelism"
         if bool(get_spec().speculative_adaptive):
-            return "--speculative-adaptive"
+            return ADAPTIVE_FLAG
     except Exception:  # runtime context unavailable (unit tests)
         pass
     try:
@@ -799,11 +806,83 @@ class DCutRunner:
         self._planning: Optional[Tuple[Any, CostTable]] = None  # (factors, corrected table) cache
         self._clock_steps = 0  # decode steps seen by the step clock (TP broadcast schedule)
         self.unsupported = _unsupported_reason(worker)
+        # depth mode: --dcut auto under --speculative-adaptive chooses the chain depth
+        self.depth: Optional[DepthMode] = None
+        self._depth_step_seen = False
+        if self.unsupported == ADAPTIVE_FLAG:
+            depths, why = adaptive_depths(worker, cfg)
+            if depths is None:
+                self.unsupported = f"{ADAPTIVE_FLAG} ({why})"
+            else:
+                self.enable_depth_mode(depths, int(worker.speculative_num_steps))
         if self.unsupported is not None:
             logger.warning("D-Cut disabled: not supported with %s (full verification is used)", self.unsupported)
         if self.metrics.timing is not None:
             # the timers read the current metrics' timing (the profiler replaces the metrics)
             _install_step_timers(worker, lambda: self.metrics.timing)
+
+    # ------------------------------------------------------------------ depth mode
+    def enable_depth_mode(self, depths: Tuple[int, ...], initial: int) -> None:
+        """Choose the chain depth among ``depths`` (SGLang's adaptive runtime states) instead of a
+        verify tier: the cost table's columns become the depths (tier ``(s + 1) / (S + 1)``)."""
+        self.depth = DepthMode(tuple(depths), initial if initial in depths else max(depths))
+        self.unsupported = None
+        self.tiers = depth_tiers(self.depth.depths, self.depth.max_depth)
+        self.num_draft_tokens = self.depth.max_depth + 1
+        self.metrics = DCutMetrics(tiers=self.tiers)
+        logger.info("D-Cut depth mode: --dcut auto chooses the chain depth among %s (SGLang's adaptive runtime "
+                    "states) and when to switch drafting off", list(self.depth.depths))
+
+    def depth_for_step(self, batch_size: int) -> int:
+        """The depth of the drafted decode step about to run (the adaptive policy's
+        ``get_steps_for_batch``; called once per drafted decode step, before drafting)."""
+        dm = self.depth
+        ratio = self.forced_ratio if self.forced_ratio is not None else self.override_ratio
+        if ratio is not None:  # profiling a column, or dcut_force_ratio (1.0: the deepest chain)
+            d = dm.depth_at_ratio(ratio, self.tiers)
+        elif self.cost_table is None or batch_size <= 0:
+            d = dm.state.depth if dm.state.depth in dm.depths else dm.initial
+        else:
+            gains = depth_gains(dm.model, dm.depths, dm.params.prior, dm.params.prior_weight)
+            decision = depth_decision(dm.state, batch_size, self.planning_table(), dm.depths, gains, dm.params)
+            dm.state, d = decision.state, decision.depth
+        if batch_size > 0 and self.forced_draft_off is None:  # not a profiling step (no verify result comes back)
+            dm.pending.append((int(batch_size), int(d)))
+        return int(d)
+
+    def observe_depth(self, accepted: Any, batch_size: int) -> None:
+        """The accepted drafts per request of a verified decode step (the adaptive policy's
+        ``on_verify_complete``): updates the acceptance model and, from it, the gains of the
+        draft-off choice. Draft-off steps and profiling steps teach nothing."""
+        dm = self.depth
+        counts = [int(a) for a in (accepted or [])]
+        if not counts:
+            return
+        if not dm.pending or dm.pending[0][0] != len(counts):
+            dm.pending.clear()  # not the step we think it is: never mis-attribute
+            dm.dropped_observations += 1
+            return
+        _, d = dm.pending.popleft()
+        if d <= 0 or any(c > d for c in counts):
+            return
+        dm.model = observe_chain_accepts(dm.model, counts, d, dm.params.discount)
+        dm.observed_steps += 1
+        self.draft_off_state = dataclasses.replace(
+            self.draft_off_state, gains=depth_gains(dm.model, dm.depths, dm.params.prior, dm.params.prior_weight))
+
+    def _record_depth_step(self, worker: Any, bs: int, result: Any) -> None:
+        """Metrics (and the online costs' column) of a drafted step in depth mode."""
+        dm = self.depth
+        d = int(worker.speculative_num_steps)
+        rows = bs * (d + 1)
+        column = dm.depths.index(d) if d in dm.depths else None
+        observed = column is not None and self._observed_mode()
+        predicted = None
+        if column is not None and self.cost_table is not None and self.forced_ratio is None:
+            predicted = self.planning_table().lookup(bs)[1][column]
+        decision = StepDecision(bs, dm.max_depth + 1, f"steps={d}", MODE_AUTO, rows, rows, 0, predicted,
+                                pruned=d < dm.max_depth, cost_column=column if observed else None)
+        self.metrics.record(decision, getattr(result, "accept_lens", None))
 
     # ------------------------------------------------------------------ launch
     def init_after_graphs(self, worker: Any) -> None:
@@ -853,6 +932,7 @@ class DCutRunner:
             "calibration": self.cfg.calibration,
             "draft_off": getattr(self.cfg, "draft_off", None),
             "online_costs": getattr(self.cfg, "online_costs", None),
+            "depth_mode": None if self.depth is None else list(self.depth.depths),
         }
 
     # ------------------------------------------------------------------ per step
@@ -954,6 +1034,8 @@ class DCutRunner:
         if state is not None:
             self.draft_off_state = state
             self.explore_steps += int(off and state.drafting)  # off while drafting is the choice: a burst
+        if off and self.depth is not None and batch_size > 0 and self.forced_draft_off is None:
+            self.depth.pending.append((int(batch_size), 0))  # its verify result teaches nothing
         return off
 
     def preview_draft_off(self, batch_size: int) -> bool:
@@ -1149,6 +1231,12 @@ class DCutRunner:
                                 getattr(result, "accept_lens", None))
             self._pending_obs = None
             if self.log_interval and self.forced_draft_off is None and self.metrics.steps % self.log_interval == 0:
+                logger.info(self.metrics.log_line())
+            return result
+        if self.depth is not None:  # depth mode: the chain's depth is the cut; SGLang's own verify
+            result = full()
+            self._record_depth_step(worker, bs, result)
+            if self.log_interval and self.forced_ratio is None and self.metrics.steps % self.log_interval == 0:
                 logger.info(self.metrics.log_line())
             return result
 

@@ -1,0 +1,137 @@
+"""D-Cut depth mode (``--dcut auto --speculative-adaptive``) on the trained testbed models.
+
+One engine: the EAGLE3 chain (7 steps, topk 1, 8 draft tokens), SGLang's ``--speculative-adaptive``
+with candidate steps 1, 3, 7 for every batch size, ``--specexit --dcut auto``, a short launch-time
+profile (the depths and the draft-off step are the table's columns). Requests run with SpecExit off
+unless it is tested. 16 held-out problems, greedy, up to 256 new tokens, stopping at EOS (the
+run helpers of ``test_dcut_draft_off.py``).
+
+Checks: D-Cut is on in depth mode (``/server_info``: the depths, tiers ``(s + 1) / 8``); the
+configured choice runs shallower depths than the deepest chain and learns the acceptance along the
+chain, with the same tokens as the reference (``dcut_force_ratio`` 1.0: the deepest chain every
+step), which equals the target's greedy decoding without speculation (HF transformers); two of every three steps
+draft-off (the project's zero-step round inside SGLang's adaptive runtime states), with requests
+joining while others decode, gives the same tokens; SpecExit exits with the prefix property. Every
+KV slot is back at the end.
+
+Budget: ~1.5 min (one engine start with a 3 x 4 profile, five 16-problem runs, one HF pass).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from engine_utils import hf_greedy, make_engine
+from test_dcut_draft_off import MAX_NEW, _generate, _held, _run, _state
+from trained_models import MODELS, requires_trained_models
+from trained_models import held_out_prompts as _prompts
+
+pytestmark = requires_trained_models
+
+STEPS, DEPTHS = 7, [1, 3, 7]
+FULL = 1.0
+CONFIGURED = 0.0
+PARAGRAPH = 6  # "\n\n" in the project tokenizer
+SPECEXIT_OFF = {"specexit_enable": False}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("depth")
+    cfg = tmp / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": DEPTHS}}))
+    eng = make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa",
+                      speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
+                      speculative_num_steps=STEPS, speculative_eagle_topk=1, speculative_num_draft_tokens=STEPS + 1,
+                      speculative_adaptive=True, speculative_adaptive_config=str(cfg),
+                      max_total_tokens=32768, max_running_requests=64, specexit=True, dcut="auto",
+                      dcut_profile_batch_sizes="1,4,16", dcut_profile_steps=2, dcut_profile_warmup=1,
+                      dcut_cache_dir=str(tmp / "cache"))
+    yield eng
+    eng.shutdown()
+
+
+def _ids(outs):
+    return [(o["output_ids"], o["meta_info"]["finish_reason"]["type"]) for o in outs]
+
+
+def test_depth_mode_is_lossless_learns_and_drafts_off(engine):
+    from sglang_ext.engine.dcut.client import dcut_info, set_force_draft_off, set_force_ratio
+
+    info = dcut_info(engine)
+    assert info["unsupported"] is None and info["depth_mode"] == DEPTHS, info
+    assert info["tiers"] == [(s + 1) / (STEPS + 1) for s in DEPTHS]
+    assert info["cost_table_info"]["source"] == "profiled"
+    table = info["cost_table"]
+    assert len(table["step_ms"][0]) == len(DEPTHS) and table["off_ms"] is not None
+    prompts = _prompts(16)
+    held0 = _held(_state(engine)["kv_pool"])
+    try:
+        # the configured choice first: with nothing observed yet (prior 0.5 per position) the
+        # cheapest depth wins (a 7-step chain costs more than 1.33x a 1-step one), then the
+        # observed acceptance moves it; the tokens are checked against the reference below
+        depths_run, auto_outs = set(), []
+        for _ in range(2):
+            outs, steps, off, hist = _run(engine, prompts, CONFIGURED, 0)
+            auto_outs.append(_ids(outs))
+            depths_run |= {k for k, v in hist.items() if k.startswith("steps=") and v}
+        assert depths_run - {f"steps={STEPS}"}, f"the configured choice never left the deepest chain: {depths_run}"
+
+        outs, steps, off, hist = _run(engine, prompts, FULL, 0)
+        ref = _ids(outs)
+        assert {k for k, v in hist.items() if v} == {f"steps={STEPS}"} and off == 0, hist  # forced full: depth 7
+        assert all(reason == "stop" for _, reason in ref)
+        hf = hf_greedy(os.path.join(MODELS, "target"), prompts, MAX_NEW)
+        bad = [i for i, ((ids, _), h) in enumerate(zip(ref, hf)) if ids != h[:len(ids)]]
+        assert not bad, f"{len(bad)} reference outputs differ from greedy decoding without speculation"
+        assert all(got == ref for got in auto_outs), "depth mode changed the output"
+        dm = _state(engine)["depth_mode"]
+        assert dm["observed_steps"] > 0 and dm["acceptance"][0] is not None, dm
+
+        # draft-off steps inside the adaptive runtime states, requests joining while others decode
+        outs, steps, off, hist = _run(engine, prompts, FULL, 3, staggered=True)
+        assert _ids(outs) == ref, "draft-off steps in depth mode changed the output"
+        assert 0 < off < steps, hist
+
+        # SpecExit across depth changes: the exit keeps the prefix property
+        outs, steps, off, hist = _run(engine, prompts, CONFIGURED, 0, custom={"specexit_enable": True})
+        exited = 0
+        for o, (ids_ref, _) in zip(outs, ref):
+            meta, ids = o["meta_info"], o["output_ids"]
+            if not meta["specexit_exited"]:
+                assert ids == ids_ref, "a request that did not exit changed its output"
+                continue
+            exited += 1
+            k = meta["specexit_think_tokens"]
+            assert ids[:k] == ids_ref[:k] and PARAGRAPH in ids[:k]
+        assert exited >= 1, "no SpecExit exit in depth mode"
+        print(f"depth mode: depths run {sorted(depths_run)}, acceptance {dm['acceptance']}, exits {exited} / 16")
+    finally:
+        set_force_ratio(engine, CONFIGURED)
+        set_force_draft_off(engine, 0)
+    pool = _state(engine)["kv_pool"]
+    assert pool["running_requests"] == 0 and _held(pool) == held0, "KV slots not returned after the runs"
+
+
+def test_fixed_ratio_keeps_sglang_adaptive_and_says_why(tmp_path):
+    """A fixed ratio has no depth to choose: D-Cut stays off under --speculative-adaptive, with the reason."""
+    from sglang_ext.engine.dcut.client import dcut_info
+
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": DEPTHS}}))
+    eng = make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa",
+                      speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
+                      speculative_num_steps=STEPS, speculative_eagle_topk=1, speculative_num_draft_tokens=STEPS + 1,
+                      speculative_adaptive=True, speculative_adaptive_config=str(cfg),
+                      max_total_tokens=8192, max_running_requests=8, dcut="0.5", dcut_cache_dir=str(tmp_path / "c"))
+    try:
+        info = dcut_info(eng)
+        assert info["depth_mode"] is None
+        assert info["unsupported"] == "--speculative-adaptive (depth choice needs --dcut auto)", info
+        out = _generate(eng, _prompts(2), SPECEXIT_OFF)
+        assert all(o["output_ids"] for o in out)
+    finally:
+        eng.shutdown()
