@@ -14,7 +14,11 @@ draft-off (the project's zero-step round inside SGLang's adaptive runtime states
 joining while others decode, gives the same tokens; SpecExit exits with the prefix property. Every
 KV slot is back at the end.
 
-Budget: ~1.5 min (one engine start with a 3 x 4 profile, five 16-problem runs, one HF pass).
+Also: a fixed ratio keeps SGLang's adaptive policy (D-Cut off, the reason in ``/server_info``), and
+the runner without an engine attributes every verify result to the depth its step drafted.
+
+Budget: ~2.5 min on the loaded 2-core host (two engine starts, one with a 3 x 4 profile; five
+16-problem runs; one HF pass).
 """
 
 from __future__ import annotations
@@ -135,3 +139,48 @@ def test_fixed_ratio_keeps_sglang_adaptive_and_says_why(tmp_path):
         assert all(o["output_ids"] for o in out)
     finally:
         eng.shutdown()
+
+
+def test_runner_attributes_each_verify_to_the_depth_it_ran():
+    """The runner without an engine: profiling steps (forced columns) queue nothing, a real step's
+    accepted counts update the model for the depth it drafted, a result that does not match the
+    queued step is dropped (never mis-attributed), a draft-off step teaches nothing, and
+    ``dcut_force_ratio`` 1.0 is the deepest chain."""
+    from types import SimpleNamespace as NS
+
+    from sglang_ext.config import DCutConfig
+    from sglang_ext.dcut import CostTable, CostTableKey
+    from sglang_ext.dcut.depth import depth_tiers
+    from sglang_ext.engine.dcut.runner import DCutRunner
+
+    runner = DCutRunner(NS(speculative_num_draft_tokens=8, topk=1, speculative_num_steps=7), DCutConfig(mode="auto"))
+    runner.enable_depth_mode((1, 3, 7), 7)
+    assert runner.tiers == depth_tiers((1, 3, 7), 7) == (0.25, 0.5, 1.0) and runner.num_draft_tokens == 8
+    key = CostTableKey("m", "d", "cpu", 1, "float32", 8, 1, 7, "torch_sdpa", 64, "0.5.23", "test")
+    runner.cost_table = CostTable.build(key, [4], [[10.0, 14.0, 30.0]], tiers=runner.tiers, off_ms=[8.0])
+    runner.reset_online_costs()
+    dm = runner.depth
+
+    runner.forced_draft_off, runner.forced_ratio = False, 0.5  # a profiling step of the depth-3 column
+    assert runner.depth_for_step(4) == 3 and not dm.pending
+    runner.forced_draft_off = runner.forced_ratio = None
+
+    d = runner.depth_for_step(4)  # nothing observed: every position at the prior 0.5
+    assert d == 1 and list(dm.pending) == [(4, 1)]  # U = 4 * 1.5 / 10 = 0.6 > 4 * 1.875 / 14 > 4 * 1.99 / 30
+    runner.observe_depth([1, 1, 1, 0], 4)
+    assert dm.observed_steps == 1 and dm.model.tried[:2] == (4.0, 0.0) and dm.model.accepted[0] == 3.0
+    assert runner.draft_off_state.gains is not None and len(runner.draft_off_state.gains) == 3
+
+    runner.depth_for_step(4)
+    runner.observe_depth([0, 0], 2)  # not the queued step's batch
+    assert dm.dropped_observations == 1 and not dm.pending and dm.observed_steps == 1
+
+    dm.pending.append((4, 0))  # what a draft-off step queues
+    runner.observe_depth([0, 0, 0, 0], 4)
+    assert dm.observed_steps == 1 and not dm.pending
+
+    runner.set_override_ratio(1.0)
+    assert runner.depth_for_step(4) == 7
+    runner.observe_depth([7, 7, 2, 5], 4)  # the deepest chain teaches every position it reached
+    assert dm.model.tried[2] == 4.0 and dm.model.accepted[2] == 3.0  # position 3: all reached it, 3 passed
+    assert dm.model.tried[6] == 2.0 and dm.model.accepted[6] == 2.0  # position 7: two reached and passed it

@@ -74,6 +74,7 @@ import torch
 
 from sglang_ext.config import DCUT_CALIBRATION_POWER
 from sglang_ext.dcut import (
+    DEFAULT_TIERS,
     DRAFT_OFF_TIER,
     MODE_AUTO,
     MODE_OFF,
@@ -827,6 +828,9 @@ class DCutRunner:
         verify tier: the cost table's columns become the depths (tier ``(s + 1) / (S + 1)``)."""
         self.depth = DepthMode(tuple(depths), initial if initial in depths else max(depths))
         self.unsupported = None
+        if tuple(float(t) for t in self.cfg.tiers) != tuple(DEFAULT_TIERS):
+            logger.warning("D-Cut depth mode: --dcut-tiers %s is not used (the depths %s are the tiers)",
+                           list(self.cfg.tiers), list(self.depth.depths))
         self.tiers = depth_tiers(self.depth.depths, self.depth.max_depth)
         self.num_draft_tokens = self.depth.max_depth + 1
         self.metrics = DCutMetrics(tiers=self.tiers)
