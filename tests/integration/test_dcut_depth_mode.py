@@ -29,7 +29,7 @@ import os
 import pytest
 
 from engine_utils import hf_greedy, make_engine
-from test_dcut_draft_off import MAX_NEW, _generate, _held, _run, _state
+from test_dcut_draft_off import MAX_NEW, _generate, _held, _run, _state, count_exits_with_prefix_property
 from trained_models import MODELS, requires_trained_models
 from trained_models import held_out_prompts as _prompts
 
@@ -38,22 +38,24 @@ pytestmark = requires_trained_models
 STEPS, DEPTHS = 7, [1, 3, 7]
 FULL = 1.0
 CONFIGURED = 0.0
-PARAGRAPH = 6  # "\n\n" in the project tokenizer
 SPECEXIT_OFF = {"specexit_enable": False}
+
+
+def _launch(tmp, **kw):
+    """The 7-step chain under SGLang's adaptive mode, candidate steps DEPTHS for every batch size."""
+    cfg = tmp / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": DEPTHS}}))
+    return make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa",
+                       speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
+                       speculative_num_steps=STEPS, speculative_eagle_topk=1, speculative_num_draft_tokens=STEPS + 1,
+                       speculative_adaptive=True, speculative_adaptive_config=str(cfg),
+                       dcut_cache_dir=str(tmp / "cache"), **kw)
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("depth")
-    cfg = tmp / "adaptive.json"
-    cfg.write_text(json.dumps({"1": {"candidate_steps": DEPTHS}}))
-    eng = make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa",
-                      speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
-                      speculative_num_steps=STEPS, speculative_eagle_topk=1, speculative_num_draft_tokens=STEPS + 1,
-                      speculative_adaptive=True, speculative_adaptive_config=str(cfg),
-                      max_total_tokens=32768, max_running_requests=64, specexit=True, dcut="auto",
-                      dcut_profile_batch_sizes="1,4,16", dcut_profile_steps=2, dcut_profile_warmup=1,
-                      dcut_cache_dir=str(tmp / "cache"))
+    eng = _launch(tmp_path_factory.mktemp("depth"), max_total_tokens=32768, max_running_requests=64, specexit=True,
+                  dcut="auto", dcut_profile_batch_sizes="1,4,16", dcut_profile_steps=2, dcut_profile_warmup=1)
     yield eng
     eng.shutdown()
 
@@ -102,15 +104,7 @@ def test_depth_mode_is_lossless_learns_and_drafts_off(engine):
 
         # SpecExit across depth changes: the exit keeps the prefix property
         outs, steps, off, hist = _run(engine, prompts, CONFIGURED, 0, custom={"specexit_enable": True})
-        exited = 0
-        for o, (ids_ref, _) in zip(outs, ref):
-            meta, ids = o["meta_info"], o["output_ids"]
-            if not meta["specexit_exited"]:
-                assert ids == ids_ref, "a request that did not exit changed its output"
-                continue
-            exited += 1
-            k = meta["specexit_think_tokens"]
-            assert ids[:k] == ids_ref[:k] and PARAGRAPH in ids[:k]
+        exited = count_exits_with_prefix_property(outs, ref)
         assert exited >= 1, "no SpecExit exit in depth mode"
         print(f"depth mode: depths run {sorted(depths_run)}, acceptance {dm['acceptance']}, exits {exited} / 16")
     finally:
@@ -124,13 +118,7 @@ def test_fixed_ratio_keeps_sglang_adaptive_and_says_why(tmp_path):
     """A fixed ratio has no depth to choose: D-Cut stays off under --speculative-adaptive, with the reason."""
     from sglang_ext.engine.dcut.client import dcut_info
 
-    cfg = tmp_path / "adaptive.json"
-    cfg.write_text(json.dumps({"1": {"candidate_steps": DEPTHS}}))
-    eng = make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa",
-                      speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
-                      speculative_num_steps=STEPS, speculative_eagle_topk=1, speculative_num_draft_tokens=STEPS + 1,
-                      speculative_adaptive=True, speculative_adaptive_config=str(cfg),
-                      max_total_tokens=8192, max_running_requests=8, dcut="0.5", dcut_cache_dir=str(tmp_path / "c"))
+    eng = _launch(tmp_path, max_total_tokens=8192, max_running_requests=8, dcut="0.5")
     try:
         info = dcut_info(eng)
         assert info["depth_mode"] is None

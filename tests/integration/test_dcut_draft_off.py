@@ -191,21 +191,28 @@ def check_deferred_extend(eng, prompts, ref):
     assert steps_of["defer"] <= 1.05 * steps_of["always"], steps_of
 
 
+def count_exits_with_prefix_property(outs, ref) -> int:
+    """Requests of ``outs`` that SpecExit ended early; each equals its ``ref`` (SpecExit-off)
+    output up to the exit, which follows a paragraph break, and the others equal it entirely."""
+    exited = 0
+    for o, (ids_ref, _) in zip(outs, ref):
+        meta, ids = o["meta_info"], o["output_ids"]
+        if not meta["specexit_exited"]:
+            assert ids == ids_ref, "a request that did not exit changed its output"
+            continue
+        exited += 1
+        k = meta["specexit_think_tokens"]
+        assert ids[:k] == ids_ref[:k], "the output before the exit differs from the SpecExit-off output"
+        assert PARAGRAPH in ids[:k], "no paragraph break before the exit"
+    return exited
+
+
 def check_specexit(eng, prompts, ref):
     """SpecExit across draft-off steps: exits happen, with the prefix property."""
     outs, steps, off, _ = _run(eng, prompts, FULL, 3, custom={"specexit_enable": True})
     try:
         assert 0 < off < steps
-        exited = 0
-        for o, (ids_ref, _) in zip(outs, ref):
-            meta, ids = o["meta_info"], o["output_ids"]
-            if not meta["specexit_exited"]:
-                assert ids == ids_ref, "a request that did not exit changed its output"
-                continue
-            exited += 1
-            k = meta["specexit_think_tokens"]
-            assert ids[:k] == ids_ref[:k], "the output before the exit differs from the SpecExit-off output"
-            assert PARAGRAPH in ids[:k], "no paragraph break before the exit"
+        exited = count_exits_with_prefix_property(outs, ref)
         assert exited >= 1, "no SpecExit exit with draft-off steps"
         print(f"SpecExit with draft-off steps: {exited} of {len(prompts)} exited, {off} of {steps} steps draft-off")
     finally:
