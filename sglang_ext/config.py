@@ -346,7 +346,8 @@ class DCutConfig:
     """
 
     mode: DCutMode = _f(DCUT_OFF, "--dcut", "D-Cut pruning of verified draft tokens: 'off', 'auto' (tier chosen "
-                        "per step from the cost table) or a fixed ratio in (0, 1] of the verify tokens.",
+                        "per step from the cost table; with --speculative-adaptive on a chain: the draft depth "
+                        "among SGLang's adaptive step counts) or a fixed ratio in (0, 1] of the verify tokens.",
                         _parse_dcut_mode, metavar="|".join(TIER_POLICIES) + "|RATIO")
     """A mode name of ``sglang_ext.dcut.TIER_POLICIES`` (``"off"``, ``"auto"``) or a fixed ratio in
     (0, 1] as a float (``sglang_ext.dcut.DCutMode``)."""
