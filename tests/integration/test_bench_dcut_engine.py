@@ -89,6 +89,12 @@ def _expected_ratios(tps: dict) -> dict:
     if "adaptive" in tps:
         out["auto/adaptive"] = tps["auto"] / tps["adaptive"]
         out["adaptive/peak"] = tps["adaptive"] / peak
+    if "auto-depth" in tps:
+        out["depth/peak"] = tps["auto-depth"] / peak
+        if "adaptive" in tps:
+            out["depth/adaptive"] = tps["auto-depth"] / tps["adaptive"]
+        if "no-spec" in tps:
+            out["depth/nospec"] = tps["auto-depth"] / tps["no-spec"]
     return out
 
 
@@ -189,8 +195,11 @@ def test_chain_all_peers_with_a_fresh_profile(tmp_path):
     _skip_without_models()
     out, res, _ = _bench(tmp_path, "chain16", ["--num-steps", "15", "--num-draft-tokens", str(N),
                                                "--profile-steps", "2"])
-    modes = ("no-spec",) + DCUT_ENGINE_MODES + ("auto-never", "adaptive")
+    modes = ("no-spec",) + DCUT_ENGINE_MODES + ("auto-never", "auto-depth", "adaptive")
     assert res["lossless_vs_full"] == {m: True for m in modes}, res["lossless_vs_full"]
+    # D-Cut's depth mode ran its own steps (depth histogram keys) next to SGLang's adaptive policy
+    depth = res["dcut"]["auto-depth"][str(BS)]
+    assert depth["steps"] > 0 and any(k.startswith("steps=") for k in depth["tier_histogram"]), depth
     # profiled at launch (not a cached table), schema version 2 with a draft-off cost per batch size
     assert res["cost_table_info"]["source"] == "profiled", res["cost_table_info"]
     table = res["cost_table"]
@@ -202,3 +211,4 @@ def test_chain_all_peers_with_a_fresh_profile(tmp_path):
     assert res["tokens_per_verify"]["adaptive"][str(BS)] > 1.0  # drafts were accepted
     printed = _check_printed_ratios(out, res)
     assert float(printed["auto/peak"]) > 0 and float(printed["auto/adaptive"]) > 0
+    assert float(printed["depth/adaptive"]) > 0
