@@ -690,7 +690,8 @@ class DraftOffParams:
         if int(self.max_probe_wait) < int(self.max_probe_interval):
             raise ValueError(f"draft-off max_probe_wait must be >= max_probe_interval ({self.max_probe_interval}), "
                              f"got {self.max_probe_wait}")
-        if isinstance(self.explore_steps, bool) or int(self.explore_steps) != self.explore_steps or self.explore_steps < 0:
+        steps = self.explore_steps
+        if isinstance(steps, bool) or int(steps) != steps or steps < 0:
             raise ValueError(f"draft-off explore_steps must be an integer >= 0, got {self.explore_steps!r}")
         if not (1.0 <= self.explore_gap < math.inf):
             raise ValueError(f"draft-off explore_gap must be a finite number >= 1, got {self.explore_gap}")

@@ -125,7 +125,8 @@ def test_hysteresis_and_dwell():
         seq.append(d.depth)
         s = d.state
     assert seq == [1, 1, 1]  # within the 10 % margin: no switch, ever
-    g = depth_gains(ChainAcceptance((0.9,) * 7, (1.0,) * 7), depths, prior_weight=0.0)  # depth 3: 8 * 3.439 / 6 = 4.59 vs 3.8
+    # depth 3: 8 * 3.439 / 6 = 4.59 against 3.8
+    g = depth_gains(ChainAcceptance((0.9,) * 7, (1.0,) * 7), depths, prior_weight=0.0)
     s, seq = DepthState(1, 0), []
     for _ in range(3):
         d = depth_decision(s, 8, t, depths, g, params)
@@ -143,7 +144,8 @@ def test_draft_off_compares_against_the_depth_columns():
     g = depth_gains(ChainAcceptance((0.3,) * 7, (1.0,) * 7), depths, prior_weight=0.0)
     d = draft_off_decision(DraftOffState(gains=g, dwell=8), 64, t, DraftOffParams())
     assert d.off and d.off_utility == pytest.approx(12.8) and d.draft_utility == pytest.approx(10.4)
-    g = depth_gains(ChainAcceptance((0.9,) * 7, (1.0,) * 7), depths, prior_weight=0.0)  # depth 3: 64 * 3.439 / 12 = 18.3
+    # depth 3: 64 * 3.439 / 12 = 18.3
+    g = depth_gains(ChainAcceptance((0.9,) * 7, (1.0,) * 7), depths, prior_weight=0.0)
     assert not draft_off_decision(DraftOffState(gains=g, dwell=8), 64, t, DraftOffParams()).off
 
 

@@ -809,7 +809,6 @@ class DCutRunner:
         self.unsupported = _unsupported_reason(worker)
         # depth mode: --dcut auto under --speculative-adaptive chooses the chain depth
         self.depth: Optional[DepthMode] = None
-        self._depth_step_seen = False
         if self.unsupported == ADAPTIVE_FLAG:
             depths, why = adaptive_depths(worker, cfg)
             if depths is None:
@@ -1025,9 +1024,10 @@ class DCutRunner:
         The draft's confidences of this step do not exist yet, so the choice comes from earlier
         steps: :func:`sglang_ext.dcut.draft_off_decision` compares the cost table's draft-off cost
         with every tier's, valued with the planner's smoothed expected accepted drafts per request
-        of the drafted steps (fed by :meth:`choose_step`), with a minimum dwell, probe steps
-        that back off while they keep confirming draft-off, and exploration bursts of draft-off
-        steps where the online costs never measured the draft-off cost (:meth:`_off_observed`). Only ``--dcut auto`` with
+        of the drafted steps (fed by :meth:`choose_step`; in depth mode by :meth:`observe_depth`),
+        with a minimum dwell, probe steps that back off while they keep confirming draft-off, and
+        exploration bursts of draft-off steps where the online costs never measured the draft-off
+        cost (:meth:`_off_observed`). Only ``--dcut auto`` with
         ``--dcut-draft-off auto`` and a table holding draft-off costs switches drafting off (a
         table without them is warned about once); fixed ratios
         (configured or ``dcut_force_ratio``) never do. ``forced_draft_off`` (profiling) and
