@@ -30,7 +30,14 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Deque, List, Optional, Sequence, Tuple
 
-from sglang_ext.dcut.depth import ChainAcceptance, DepthParams, DepthState
+from sglang_ext.dcut.depth import (
+    ChainAcceptance,
+    DepthParams,
+    DepthState,
+    depth_gains,
+    depth_tiers,
+    observe_chain_accepts,
+)
 
 __all__ = ["DepthMode", "DCutDepthPolicy", "adaptive_depths"]
 
@@ -59,6 +66,8 @@ class DepthMode:
     initial: int  # depth used before a cost table exists
     params: DepthParams = field(default_factory=DepthParams)
     model: ChainAcceptance = None  # type: ignore[assignment]  # set in __post_init__
+    tiers: Tuple[float, ...] = field(init=False)  # (s + 1) / (S + 1) per depth: the cost table's columns
+    gains: Tuple[float, ...] = field(init=False)  # E(s) of every depth under ``model`` (kept by learn)
     state: DepthState = field(default_factory=DepthState)
     # (batch size, depth) of each decode step issued and not yet observed (overlap scheduling
     # processes a step's results after the next step started); depth 0 = a draft-off step
@@ -69,14 +78,25 @@ class DepthMode:
     def __post_init__(self) -> None:
         if self.model is None:
             self.model = ChainAcceptance.empty(self.max_depth)
+        self.tiers = depth_tiers(self.depths, self.max_depth)
+        self._update_gains()
 
     @property
     def max_depth(self) -> int:
         return self.depths[-1]
 
-    def depth_at_ratio(self, ratio: float, tiers: Sequence[float]) -> int:
+    def _update_gains(self) -> None:
+        self.gains = depth_gains(self.model, self.depths, self.params.prior, self.params.prior_weight)
+
+    def learn(self, accepted: Sequence[int], depth: int) -> None:
+        """Fold one verified step drafted to ``depth`` into the model (and the gains)."""
+        self.model = observe_chain_accepts(self.model, accepted, depth, self.params.discount)
+        self.observed_steps += 1
+        self._update_gains()
+
+    def depth_at_ratio(self, ratio: float) -> int:
         """The shallowest depth whose tier is at least ``ratio`` (a forced / profiled column)."""
-        for d, t in zip(self.depths, tiers):
+        for d, t in zip(self.depths, self.tiers):
             if t >= float(ratio) - 1e-9:
                 return d
         return self.max_depth

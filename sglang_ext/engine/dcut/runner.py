@@ -94,7 +94,7 @@ from sglang_ext.dcut import (
     scatter_to_full,
 )
 from sglang_ext.dcut.calibration import PowerCalibration
-from sglang_ext.dcut.depth import depth_decision, depth_gains, depth_tiers, observe_chain_accepts
+from sglang_ext.dcut.depth import depth_decision
 from sglang_ext.dcut.online_costs import OFF_COLUMN, OnlineCosts, apply_factors
 from sglang_ext.engine.dcut.depth_mode import DepthMode, adaptive_depths
 
@@ -830,7 +830,7 @@ class DCutRunner:
         if tuple(float(t) for t in self.cfg.tiers) != tuple(DEFAULT_TIERS):
             logger.warning("D-Cut depth mode: --dcut-tiers %s is not used (the depths %s are the tiers)",
                            list(self.cfg.tiers), list(self.depth.depths))
-        self.tiers = depth_tiers(self.depth.depths, self.depth.max_depth)
+        self.tiers = self.depth.tiers
         self.num_draft_tokens = self.depth.max_depth + 1
         self.metrics = DCutMetrics(tiers=self.tiers)
         logger.info("D-Cut depth mode: --dcut auto chooses the chain depth among %s (SGLang's adaptive runtime "
@@ -842,12 +842,11 @@ class DCutRunner:
         dm = self.depth
         ratio = self.forced_ratio if self.forced_ratio is not None else self.override_ratio
         if ratio is not None:  # profiling a column, or dcut_force_ratio (1.0: the deepest chain)
-            d = dm.depth_at_ratio(ratio, self.tiers)
+            d = dm.depth_at_ratio(ratio)
         elif self.cost_table is None or batch_size <= 0:
             d = dm.state.depth if dm.state.depth in dm.depths else dm.initial
         else:
-            gains = depth_gains(dm.model, dm.depths, dm.params.prior, dm.params.prior_weight)
-            decision = depth_decision(dm.state, batch_size, self.planning_table(), dm.depths, gains, dm.params)
+            decision = depth_decision(dm.state, batch_size, self.planning_table(), dm.depths, dm.gains, dm.params)
             dm.state, d = decision.state, decision.depth
         if batch_size > 0 and self.forced_draft_off is None:  # not a profiling step (no verify result comes back)
             dm.pending.append((int(batch_size), int(d)))
@@ -868,10 +867,8 @@ class DCutRunner:
         _, d = dm.pending.popleft()
         if d <= 0 or any(c > d for c in counts):
             return
-        dm.model = observe_chain_accepts(dm.model, counts, d, dm.params.discount)
-        dm.observed_steps += 1
-        self.draft_off_state = dataclasses.replace(
-            self.draft_off_state, gains=depth_gains(dm.model, dm.depths, dm.params.prior, dm.params.prior_weight))
+        dm.learn(counts, d)
+        self.draft_off_state = dataclasses.replace(self.draft_off_state, gains=dm.gains)
 
     def _record_depth_step(self, worker: Any, bs: int, result: Any) -> None:
         """Metrics (and the online costs' column) of a drafted step in depth mode."""
