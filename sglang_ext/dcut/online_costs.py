@@ -21,6 +21,13 @@ Update rule for one observed step (``observe(bs, column, observed_ms)``):
   ``x`` that median (a geometric mean: over- and under-estimates weigh alike, and even a run of
   outliers moves the factor by at most ``max_ratio ** a`` per step), with ``a = first_alpha`` (0.5)
   for a cell's first counted observation and ``alpha`` (0.2) after it;
+* the EMA of a cell starts, at its first counted observation, from the mean log factor of the
+  cells of the same row already counted (``row_prior``; 0, the profiled cost, when there are
+  none). A profile taken while the host was loaded is off by a similar factor in every cell of a
+  row, and a cell the server rarely runs (the draft-off step, measured in short exploration bursts
+  while the tiers are timed every step) would otherwise stay pulled towards its profiled cost for
+  many steps: from 1.0, six counted steps leave ``0.5 * 0.8 ** 5 = 16 %`` of the log error, which
+  turns a profile 3x too slow into a cost still 1.2x too high;
 * warm-up: the first ``warmup`` (2) observations of a cell *at a batch size that cell has not seen
   before* are not counted. They hold what a first step at a new shape pays once (first replays of a
   graph, allocator growth); batch sizes recur in serving, so later steps at the same size count at
@@ -93,6 +100,8 @@ class OnlineCostParams:
         Observations of a cell at a batch size new to that cell that are not counted, ``>= 0``.
     window : int
         Counted log-ratios of a cell whose median feeds the EMA, ``>= 1`` (1: no median).
+    row_prior : bool
+        Start a cell's EMA from the mean log factor of its row's counted cells (else from 0).
     """
 
     alpha: float = 0.2
@@ -101,6 +110,7 @@ class OnlineCostParams:
     max_ratio: float = 10.0
     warmup: int = 2
     window: int = 3
+    row_prior: bool = True
 
     def __post_init__(self) -> None:
         for name in ("alpha", "first_alpha"):
@@ -289,12 +299,39 @@ class OnlineCosts:
             self.clipped += 1
             ratio = min(max(ratio, p.min_ratio), p.max_ratio)
         cell.recent = (cell.recent + [math.log(ratio)])[-int(p.window):]
+        if cell.used == 0 and p.row_prior:
+            cell.log_factor = self._row_log_factor(self.row_index(bs))
         a = p.first_alpha if cell.used == 0 else p.alpha
         cell.log_factor = (1.0 - a) * cell.log_factor + a * _median(cell.recent)
         cell.used += 1
         self.counted += 1
         self.version += 1
         return True
+
+    def _row_log_factor(self, row: int) -> float:
+        """Mean log factor of the counted cells of table row ``row`` (0.0 when there are none):
+        the prior a new cell of that row starts from.
+
+        Examples
+        --------
+        A tier timed at half its profiled cost; the draft-off cell's first observation (a third
+        of its profiled cost) starts from that tier's factor, not from the profile's 1.0:
+
+        >>> from sglang_ext.dcut.cost_table import CostTable, CostTableKey
+        >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 64, "0.5.23", "0.1")
+        >>> t = CostTable.build(k, [4], [[10.0, 20.0]], tiers=(0.5, 1.0), off_ms=[9.0])
+        >>> oc = OnlineCosts(t, OnlineCostParams(warmup=0))
+        >>> oc.observe(4, 0, 5.0)
+        True
+        >>> round(oc.factor(4, 0), 4), oc.factor(4, 1), oc.factor(4, OFF_COLUMN)
+        (0.7071, 1.0, 1.0)
+        >>> oc.observe(4, OFF_COLUMN, 3.0)
+        True
+        >>> round(oc.factor(4, OFF_COLUMN), 4), round(math.sqrt(0.7071 / 3.0), 4), round(math.sqrt(1 / 3), 4)
+        (0.4855, 0.4855, 0.5774)
+        """
+        logs = [c.log_factor for (r, _), c in self._cells.items() if r == row and c.used > 0]
+        return sum(logs) / len(logs) if logs else 0.0
 
     # ------------------------------------------------------------------ corrected costs
     def factors(self) -> tuple[tuple[float, ...], ...]:

@@ -246,3 +246,56 @@ def test_draft_off_decision_uses_the_corrected_costs():
     corrected = oc.corrected_table()
     assert corrected.lookup_off(BS)[1] > 300.0
     assert not draft_off_decision(state, BS, corrected, params).off
+
+
+# ----------------------------------------------------------------------------- the row prior
+def test_a_new_cell_starts_from_its_rows_counted_cells_by_hand():
+    """First counted observation of a cell: ``log f = (1 - a1) * mean(log f of the row's counted
+    cells) + a1 * log ratio``; cells of other rows and cells not counted yet (warm-up) are not in
+    the mean; ``row_prior=False`` starts from 0 (the profile)."""
+    table = _table(off_ms=[50.0, 60.0, 70.0])
+    oc = OnlineCosts(table, OnlineCostParams(warmup=1))
+    for _ in range(4):
+        oc.observe(64, 2, 3 * 360.0)  # another row: never part of the bs-32 prior
+    oc.observe(32, 0, 0.5 * 197.0)  # warm-up of tier 0: not counted, not in the prior
+    oc.observe(32, 1, 0.25 * 216.0)  # warm-up of tier 1
+    oc.observe(32, 1, 0.25 * 216.0)  # counted: the row had no counted cell -> from 0
+    f1 = math.exp(0.5 * math.log(0.25))
+    assert oc.factor(32, 1) == pytest.approx(f1, rel=1e-12)
+    oc.observe(32, OFF_COLUMN, 0.1 * 60.0)  # warm-up of the draft-off cell
+    oc.observe(32, OFF_COLUMN, 0.2 * 60.0)  # counted: starts from log f1 (the only counted cell of the row)
+    f_off = math.exp(0.5 * math.log(f1) + 0.5 * math.log(0.2))
+    assert oc.factor(32, OFF_COLUMN) == pytest.approx(f_off, rel=1e-12)
+    oc.observe(32, 0, 0.5 * 197.0)  # tier 0 counted now: the prior is the mean of tier 1 and draft-off
+    prior = 0.5 * (math.log(f1) + math.log(f_off))
+    assert oc.factor(32, 0) == pytest.approx(math.exp(0.5 * prior + 0.5 * math.log(0.5)), rel=1e-12)
+    plain = OnlineCosts(table, OnlineCostParams(warmup=0, row_prior=False))
+    plain.observe(32, 1, 0.25 * 216.0)
+    plain.observe(32, OFF_COLUMN, 0.2 * 60.0)
+    assert plain.factor(32, OFF_COLUMN) == pytest.approx(math.sqrt(0.2), rel=1e-12)
+
+
+def test_a_rarely_run_draft_off_cell_of_a_slow_profile_is_corrected_within_a_burst():
+    """The real-pair case: the profile ran on a loaded host (every cell ~3x too slow); the tier the
+    server runs is timed every step, the draft-off step only in one exploration burst of 6 counted
+    steps. Without the row prior the draft-off cost is still >= 1.15x its true value, which keeps
+    drafting; with it the cell is within 5 % and draft-off wins."""
+    profiled_tier, profiled_off = 692.0, 448.0
+    true_tier, true_off = 266.0, 137.0
+    table = CostTable.build(KEY, [4], [[profiled_tier, 874.0, 858.0, 949.0]], tiers=TIERS, off_ms=[profiled_off])
+    gains = (0.68, 0.9, 1.0, 1.05)  # accepted drafts per request: only tier 0.25 is near a tie
+    state = DraftOffState(gains=gains, dwell=8)
+    params = DraftOffParams(min_dwell=8)
+    # exact costs: off 4 / 137 = 0.0292 tokens/ms, drafting 4 * 1.68 / 266 = 0.0253: off wins by 15 %
+    exact = CostTable.build(KEY, [4], [[true_tier, 874.0, 858.0, 949.0]], tiers=TIERS, off_ms=[true_off])
+    assert draft_off_decision(state, 4, exact, params).off
+    got = {}
+    for prior in (True, False):
+        oc = OnlineCosts(table, OnlineCostParams(row_prior=prior))
+        for _ in range(200):
+            oc.observe(4, 0, true_tier)
+        for _ in range(8):  # a burst: 2 warm-up steps, 6 counted
+            oc.observe(4, OFF_COLUMN, true_off)
+        got[prior] = (oc.corrected(4).off_ms, draft_off_decision(state, 4, oc.corrected_table(), params).off)
+    assert got[True][0] == pytest.approx(true_off, rel=0.05) and got[True][1]
+    assert got[False][0] > 1.15 * true_off and not got[False][1]
