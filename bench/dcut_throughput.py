@@ -98,9 +98,13 @@ NEVER = "auto-never"  # --dcut auto --dcut-draft-off never (a second engine on t
 ADAPTIVE = "adaptive"  # SGLang's --speculative-adaptive (the chain only: topk 1)
 DEPTH = "auto-depth"  # --dcut auto under --speculative-adaptive: D-Cut's depth mode (chains only)
 NO_SPEC = "no-spec"
-DCUT_MODES = MODES + (NEVER, DEPTH)  # the modes with D-Cut metrics
+#: the D-Cut engine with every decode step draft-off (``dcut_force_draft_off`` 1): what a draft-off
+#: step costs against a plain decode step (``off/nospec``); measured only when ``--modes`` names it
+OFF = "off"
+OPT_IN_MODES = (OFF,)
+DCUT_MODES = MODES + OPT_IN_MODES + (NEVER, DEPTH)  # the modes with D-Cut metrics
 #: printing order of every mode a result may hold
-ALL_MODES = (NO_SPEC, "server", "full", "r0.25", "r0.5", "r0.75", NEVER, "auto", DEPTH, ADAPTIVE)
+ALL_MODES = (NO_SPEC, OFF, "server", "full", "r0.25", "r0.5", "r0.75", NEVER, "auto", DEPTH, ADAPTIVE)
 #: why SGLang's adaptive speculative decoding cannot run a shape (its adaptive_unsupported_reason)
 ADAPTIVE_TOPK_REASON = ("SGLang's --speculative-adaptive supports only --speculative-eagle-topk 1 "
                         "(sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason); this shape has "
@@ -151,7 +155,9 @@ def _parse_args(argv=None):
     p.add_argument("--modes", default=None, metavar="M1,M2",
                    help=f"measure only these modes (of {', '.join(m for m in ALL_MODES if m != 'server')}; "
                         "'auto' is always measured): e.g. 'no-spec,auto' for long runs of the draft-off "
-                        "comparison. Without 'full' the lossless check compares with no-spec")
+                        "comparison. Without 'full' the lossless check compares with no-spec. 'off' (only when "
+                        "named): the D-Cut engine with every decode step draft-off, to compare a draft-off step "
+                        "with a plain decode step (off/nospec)")
     p.add_argument("--adaptive-config", default=None, metavar="JSON",
                    help="--speculative-adaptive-config of the adaptive engine (default: SGLang's default "
                         "config with --num-steps added to the candidates of its batch-size-1 slot, since SGLang "
@@ -553,8 +559,10 @@ def run_bench(args) -> dict:
                 raise SystemExit(f"SGLang turned --speculative-adaptive off for this shape: {adaptive['server']}")
 
         def set_mode(m):
-            if m in MODE_RATIO:
-                assert eng.client("set_force_ratio", MODE_RATIO[m]), f"server refused dcut_force_ratio for {m}"
+            if m in MODE_RATIO or m == OFF:
+                assert eng.client("set_force_ratio", MODE_RATIO.get(m, 0.0)), f"server refused dcut_force_ratio for {m}"
+            if OFF in dcut_modes and (m in MODE_RATIO or m == OFF):
+                assert eng.client("set_force_draft_off", int(m == OFF)), f"server refused dcut_force_draft_off for {m}"
 
         def stats(m):
             if m not in DCUT_MODES:
@@ -602,7 +610,7 @@ def _apply_modes(args) -> tuple:
     >>> _apply_modes(argparse.Namespace(modes="auto,fast", skip_no_spec=False, skip_never=False,
     ...                                 skip_adaptive=False))
     Traceback (most recent call last):
-    SystemExit: --modes: unknown mode 'fast' (known: no-spec, full, r0.25, r0.5, r0.75, auto-never, auto, auto-depth, adaptive)
+    SystemExit: --modes: unknown mode 'fast' (known: no-spec, off, full, r0.25, r0.5, r0.75, auto-never, auto, auto-depth, adaptive)
     """
     if not args.modes:
         return MODES
@@ -616,7 +624,7 @@ def _apply_modes(args) -> tuple:
     args.skip_never = args.skip_never or NEVER not in want
     args.skip_adaptive = args.skip_adaptive or ADAPTIVE not in want
     args.skip_depth = getattr(args, "skip_depth", False) or DEPTH not in want
-    return tuple(m for m in MODES if m in want)
+    return tuple(m for m in MODES + OPT_IN_MODES if m in want)
 
 
 def _say_table(info: dict) -> None:
@@ -885,7 +893,7 @@ RATIOS = (("auto/full", "auto", "full"), ("auto/best", "auto", "best"), ("best/f
           ("auto/peak", "auto", "peak"), ("auto/never", "auto", NEVER), ("never/peak", NEVER, "peak"),
           ("auto/adaptive", "auto", ADAPTIVE), ("adaptive/peak", ADAPTIVE, "peak"),
           ("depth/adaptive", DEPTH, ADAPTIVE), (f"depth/{NO_SPEC.replace('-', '')}", DEPTH, NO_SPEC),
-          ("depth/peak", DEPTH, "peak"))
+          ("depth/peak", DEPTH, "peak"), (f"off/{NO_SPEC.replace('-', '')}", OFF, NO_SPEC))
 
 
 def ratios_of(tps: Dict[str, float], fixed: List[str]) -> Dict[str, float]:

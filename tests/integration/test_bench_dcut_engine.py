@@ -12,8 +12,8 @@ Here one small batch (bs 4, 32 new tokens on the tree, 16 on the chain, one repe
   token for token; the fixed tiers verify fewer tokens (tier 0.25: at most ceil(bs * 16 * 0.25)
   per step); ``adaptive`` is printed ``n/a`` with SGLang's topk reason; the printed ratio rows
   (best-of and paired) equal the ratios computed here from the JSON's ``tok_s`` / ``tok_s_runs``;
-  the PNG is written.  ``--modes no-spec,auto`` measures only those two (lossless against no
-  speculation, auto/nospec printed and saved).
+  the PNG is written.  ``--modes no-spec,auto,off`` measures only those three (lossless against no
+  speculation, auto/nospec and off/nospec printed and saved; ``off`` runs only draft-off steps).
 * slow tier, the 15-step chain: all four engines (no speculation, D-Cut, auto-never, SGLang
   adaptive), the cost table profiled at launch (schema version 2 with draft-off costs) in a fresh
   cache directory; every mode, no speculation and adaptive included, equals full verification;
@@ -174,20 +174,27 @@ def test_printed_ratios_equal_the_json_and_adaptive_is_na_on_trees(tree16_run):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_modes_subset_measures_only_no_spec_and_auto(tmp_path):
-    """``--modes no-spec,auto`` (the long draft-off runs): only those two engines' modes are measured,
-    the lossless check compares auto with no speculation, and auto/nospec is printed and saved."""
+def test_modes_subset_measures_only_no_spec_auto_and_off(tmp_path):
+    """``--modes no-spec,auto,off`` (the long draft-off runs): only those modes are measured, the
+    lossless check compares them with no speculation, auto/nospec and off/nospec are printed and
+    saved; ``off`` (the D-Cut engine forced draft-off) runs only draft-off steps."""
     _skip_without_models()
-    args = ["--num-steps", "3", "--topk", "4", "--num-draft-tokens", str(N), "--modes", "no-spec,auto",
+    args = ["--num-steps", "3", "--topk", "4", "--num-draft-tokens", str(N), "--modes", "no-spec,auto,off",
             "--cost-table", _table_file(tmp_path / "table.json", 4, 3), "--cache-dir", str(tmp_path / "cache")]
     out, res, _ = _bench(tmp_path, "modes", args, new_tokens=32)
-    assert sorted(res["tok_s"]) == ["auto", "no-spec"], res["tok_s"]
-    assert res["lossless_reference"] == "no-spec" and res["lossless_vs_full"] == {"no-spec": True, "auto": True}
+    assert sorted(res["tok_s"]) == ["auto", "no-spec", "off"], res["tok_s"]
+    assert res["lossless_reference"] == "no-spec"
+    assert res["lossless_vs_full"] == {"no-spec": True, "auto": True, "off": True}
     assert "lossless vs no-spec" in out
     runs = {m: v[str(BS)][0] for m, v in res["tok_s_runs"].items()}
-    assert res["paired_ratios"][str(BS)] == {"auto/nospec": pytest.approx(runs["auto"] / runs["no-spec"])}
-    assert abs(float(_printed(out, "paired ratios")["auto/nospec"]) - runs["auto"] / runs["no-spec"]) <= 0.0051
-    assert res["dcut"]["auto"][str(BS)]["draft_off_steps"] > 0, res["dcut"]["auto"]
+    assert res["paired_ratios"][str(BS)] == {"auto/nospec": pytest.approx(runs["auto"] / runs["no-spec"]),
+                                             "off/nospec": pytest.approx(runs["off"] / runs["no-spec"])}
+    printed = _printed(out, "paired ratios")
+    assert abs(float(printed["auto/nospec"]) - runs["auto"] / runs["no-spec"]) <= 0.0051
+    assert abs(float(printed["off/nospec"]) - runs["off"] / runs["no-spec"]) <= 0.0051
+    auto, off = res["dcut"]["auto"][str(BS)], res["dcut"]["off"][str(BS)]
+    assert auto["draft_off_steps"] > 0, auto
+    assert off["steps"] > 0 and off["tier_histogram"] == {"draft_off": off["steps"]}, off
 
 
 @pytest.mark.slow
