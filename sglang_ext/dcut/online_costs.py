@@ -12,9 +12,14 @@ Update rule for one observed step (``observe(bs, column, observed_ms)``):
 
 * the step is attributed to the row the planner used for ``bs`` (:meth:`CostTable.lookup`, the
   smallest profiled batch size ``>= bs``, else the largest);
-* ``ratio = observed_ms / predicted_ms``, ``predicted_ms`` the *uncorrected* table cost of that
-  cell, clipped to ``[min_ratio, max_ratio]`` (default ``[0.1, 10]``: one stalled step cannot move
-  a factor beyond that band);
+* ``ratio = observed_ms / expected_ms``, clipped to ``[min_ratio, max_ratio]`` (default
+  ``[0.1, 10]``: one stalled step cannot move a factor beyond that band). ``expected_ms`` is what
+  the *uncorrected* table predicts at the step's own batch size (:meth:`OnlineCosts.expected_ms`:
+  linear between the profiled row below ``bs`` and the row used; the row's cost at a profiled size,
+  below the first row and beyond the last). A row serves every batch size down to the row below,
+  and the steps of a batch that thins out (requests finishing at different steps) are cheaper than
+  the row's cost: compared with the row's cost they would pull its factor down, most of all at the
+  end of a burst of requests, where the EMA weighs them most;
 * the EMA input is the median of the cell's last ``window`` (3) clipped log-ratios (the mean of two
   while only two are known), so one stalled step among ordinary ones moves nothing;
 * the correction is an exponential moving average in log space, ``log f <- (1 - a) log f + a x``,
@@ -203,7 +208,8 @@ class OnlineCosts:
     Parameters
     ----------
     table : CostTable
-        The launch-time table (never changed; predictions are always its uncorrected costs).
+        The launch-time table (never changed; observations are compared with its uncorrected
+        costs, :meth:`expected_ms`).
     params : OnlineCostParams
 
     Attributes
@@ -242,7 +248,7 @@ class OnlineCosts:
         return self._row_of_bs[self.table.lookup(int(batch_size))[0]]
 
     def predicted_ms(self, batch_size: int, column: int) -> Optional[float]:
-        """The uncorrected table cost of ``column`` at ``batch_size`` (None for an unknown column,
+        """The uncorrected table cost of ``column`` at the row of ``batch_size`` (None for an unknown column,
         or the draft-off column of a table without draft-off costs).
 
         Examples
@@ -259,6 +265,39 @@ class OnlineCosts:
         if col == self._ntiers:
             return self.table.lookup_off(int(batch_size))[1]
         return self.table.lookup(int(batch_size))[1][col]
+
+    def expected_ms(self, batch_size: int, column: int) -> Optional[float]:
+        """What the uncorrected table predicts for a step of ``batch_size`` in ``column``: linear
+        in the batch size between the largest profiled row below ``batch_size`` and the row the
+        planner uses (:meth:`row_index`); the row's own cost at a profiled size, below the first
+        row and beyond the last. None for an unknown column (as :meth:`predicted_ms`).
+
+        Examples
+        --------
+        >>> from sglang_ext.dcut.cost_table import CostTable, CostTableKey
+        >>> k = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "t", 64, "0.5.23", "0.1")
+        >>> oc = OnlineCosts(CostTable.build(k, [1, 4, 8], [[10, 20], [40, 50], [80, 90]], tiers=(0.5, 1.0),
+        ...                                  off_ms=[5.0, 20.0, 60.0]))
+        >>> [oc.expected_ms(b, 0) for b in (1, 2, 3, 4, 6, 8, 16)]
+        [10.0, 20.0, 30.0, 40.0, 60.0, 80.0, 80.0]
+        >>> oc.expected_ms(2, OFF_COLUMN), oc.predicted_ms(2, OFF_COLUMN), oc.expected_ms(2, 2)
+        (10.0, 20.0, None)
+        """
+        col = self._column_index(column)
+        if col is None:
+            return None
+        bs = int(batch_size)
+        sizes = self.table.batch_sizes
+
+        def cost(row: int) -> float:
+            return float(self.table.off_ms[row] if col == self._ntiers else self.table.step_ms[row][col])
+
+        hi = self.row_index(bs)
+        if hi == 0 or sizes[hi] <= bs:  # the first row, a profiled size, or beyond the table
+            return cost(hi)
+        lo = hi - 1
+        w = (bs - sizes[lo]) / (sizes[hi] - sizes[lo])
+        return cost(lo) + w * (cost(hi) - cost(lo))
 
     def factor(self, batch_size: int, column: int) -> float:
         """The current correction of ``column`` at the row of ``batch_size`` (1.0 when untouched)."""
@@ -281,7 +320,7 @@ class OnlineCosts:
         observed_ms : float
             The step's wall time.
         """
-        pred = self.predicted_ms(batch_size, column) if int(batch_size) >= 1 else None
+        pred = self.expected_ms(batch_size, column) if int(batch_size) >= 1 else None
         ms = float(observed_ms)
         if pred is None or not (math.isfinite(ms) and ms > 0.0):
             self.ignored += 1

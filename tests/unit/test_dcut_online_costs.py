@@ -299,3 +299,41 @@ def test_a_rarely_run_draft_off_cell_of_a_slow_profile_is_corrected_within_a_bur
         got[prior] = (oc.corrected(4).off_ms, draft_off_decision(state, 4, oc.corrected_table(), params).off)
     assert got[True][0] == pytest.approx(true_off, rel=0.05) and got[True][1]
     assert got[False][0] > 1.15 * true_off and not got[False][1]
+
+
+# ----------------------------------------------------------------------------- a thinning batch
+def test_a_step_is_compared_with_the_table_at_its_own_batch_size():
+    """A step at bs 20 (row 32) that costs what the table says between the bs-16 and bs-32 rows
+    leaves the factor at 1; compared with the row's cost (216 ms) it would have looked 37 % cheap."""
+    oc = OnlineCosts(_table(), NO_WARMUP)
+    expected = 110.0 + (20 - 16) / (32 - 16) * (216.0 - 110.0)  # tier 0.5: rows 16 -> 110, 32 -> 216
+    assert oc.expected_ms(20, 1) == pytest.approx(expected)
+    assert oc.observe(20, 1, expected)
+    assert oc.factor(32, 1) == pytest.approx(1.0, abs=1e-12)
+    assert oc.observe(20, 1, 2 * expected)  # twice the table at bs 20: ratio 2, whatever the row's cost
+    assert oc.factor(32, 1) == pytest.approx(2 ** 0.1, rel=1e-12)  # median of log 1, log 2 = log sqrt 2; weight 0.2
+    assert oc.expected_ms(16, 1) == 110.0 and oc.expected_ms(100, 1) == 330.0 and oc.expected_ms(1, 1) == 110.0
+
+
+def test_the_tail_of_a_closed_batch_does_not_make_its_row_look_cheap():
+    """bs 4 runs the steps of a burst of requests that finish at different steps: 60 steps at bs 4,
+    then 4 at bs 3, 2 and 1 each. The table is exact (costs linear in the batch size between its
+    rows), so every factor stays 1 and the decision at bs 4 sees the true cost; compared with the
+    row's cost the 12 tail steps would have left the bs-4 factor at ~0.72 (drafting looked cheaper)."""
+    key = CostTableKey("m", "d", "cpu", 1, "float32", N, 1, N - 1, "torch_sdpa", 64, "0.5.23", "test")
+    table = CostTable.build(key, [1, 4, 8], [[200.0, 220.0, 240.0, 260.0], [440.0, 560.0, 590.0, 640.0],
+                                             [620.0, 660.0, 780.0, 830.0]], tiers=TIERS, off_ms=[180.0, 330.0, 390.0])
+
+    def true_ms(bs):  # the table's own line through (1, 200) and (4, 440) for tier 0.25
+        return 200.0 + (bs - 1) * (440.0 - 200.0) / 3
+
+    oc = OnlineCosts(table, OnlineCostParams(warmup=0))
+    row_cost_ratio = []
+    for bs in [4] * 60 + [3] * 4 + [2] * 4 + [1] * 4:
+        assert oc.observe(bs, 0, true_ms(bs))
+        row_cost_ratio.append(true_ms(bs) / table.lookup(bs)[1][0])
+    assert oc.factor(4, 0) == pytest.approx(1.0, abs=1e-9)
+    assert oc.factor(1, 0) == pytest.approx(1.0, abs=1e-9)
+    # what the row's cost would have said at the end of the burst: the last bs-2 and bs-3 steps
+    # (the bs-1 steps belong to the bs-1 row) at 0.64x-0.82x of 440 ms
+    assert min(row_cost_ratio[60:68]) < 0.7
