@@ -248,8 +248,8 @@ class OnlineCosts:
         return self._row_of_bs[self.table.lookup(int(batch_size))[0]]
 
     def predicted_ms(self, batch_size: int, column: int) -> Optional[float]:
-        """The uncorrected table cost of ``column`` at the row of ``batch_size`` (None for an unknown column,
-        or the draft-off column of a table without draft-off costs).
+        """The uncorrected table cost of ``column`` at the row of ``batch_size`` (None for an unknown
+        column, or the draft-off column of a table without draft-off costs).
 
         Examples
         --------
