@@ -559,9 +559,10 @@ def run_bench(args) -> dict:
                 raise SystemExit(f"SGLang turned --speculative-adaptive off for this shape: {adaptive['server']}")
 
         def set_mode(m):
-            if m in MODE_RATIO or m == OFF:
-                assert eng.client("set_force_ratio", MODE_RATIO.get(m, 0.0)), f"server refused dcut_force_ratio for {m}"
-            if OFF in dcut_modes and (m in MODE_RATIO or m == OFF):
+            if m not in MODE_RATIO and m != OFF:
+                return  # another engine's mode
+            assert eng.client("set_force_ratio", MODE_RATIO.get(m, 0.0)), f"server refused dcut_force_ratio for {m}"
+            if OFF in dcut_modes:
                 assert eng.client("set_force_draft_off", int(m == OFF)), f"server refused dcut_force_draft_off for {m}"
 
         def stats(m):

@@ -260,11 +260,12 @@ class OnlineCosts:
         (4.0, None, None)
         """
         col = self._column_index(column)
-        if col is None:
-            return None
-        if col == self._ntiers:
-            return self.table.lookup_off(int(batch_size))[1]
-        return self.table.lookup(int(batch_size))[1][col]
+        return None if col is None else self._cost(self.row_index(batch_size), col)
+
+    def _cost(self, row: int, col: int) -> float:
+        """The uncorrected cost of table row ``row`` in column index ``col`` (the draft-off column
+        is ``len(tiers)``, as :meth:`_column_index` gives it)."""
+        return float(self.table.off_ms[row] if col == self._ntiers else self.table.step_ms[row][col])
 
     def expected_ms(self, batch_size: int, column: int) -> Optional[float]:
         """What the uncorrected table predicts for a step of ``batch_size`` in ``column``: linear
@@ -288,16 +289,12 @@ class OnlineCosts:
             return None
         bs = int(batch_size)
         sizes = self.table.batch_sizes
-
-        def cost(row: int) -> float:
-            return float(self.table.off_ms[row] if col == self._ntiers else self.table.step_ms[row][col])
-
         hi = self.row_index(bs)
         if hi == 0 or sizes[hi] <= bs:  # the first row, a profiled size, or beyond the table
-            return cost(hi)
+            return self._cost(hi, col)
         lo = hi - 1
         w = (bs - sizes[lo]) / (sizes[hi] - sizes[lo])
-        return cost(lo) + w * (cost(hi) - cost(lo))
+        return self._cost(lo, col) + w * (self._cost(hi, col) - self._cost(lo, col))
 
     def factor(self, batch_size: int, column: int) -> float:
         """The current correction of ``column`` at the row of ``batch_size`` (1.0 when untouched)."""
@@ -327,7 +324,8 @@ class OnlineCosts:
             return False
         p = self.params
         bs = int(batch_size)
-        cell = self._cells.setdefault((self.row_index(bs), self._column_index(column)), _Cell())
+        row = self.row_index(bs)
+        cell = self._cells.setdefault((row, self._column_index(column)), _Cell())
         seen = cell.seen.get(bs, 0)
         if seen < p.warmup:
             cell.seen[bs] = seen + 1
@@ -339,7 +337,7 @@ class OnlineCosts:
             ratio = min(max(ratio, p.min_ratio), p.max_ratio)
         cell.recent = (cell.recent + [math.log(ratio)])[-int(p.window):]
         if cell.used == 0 and p.row_prior:
-            cell.log_factor = self._row_log_factor(self.row_index(bs))
+            cell.log_factor = self._row_log_factor(row)
         a = p.first_alpha if cell.used == 0 else p.alpha
         cell.log_factor = (1.0 - a) * cell.log_factor + a * _median(cell.recent)
         cell.used += 1
