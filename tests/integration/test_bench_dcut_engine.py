@@ -10,10 +10,11 @@ Here one small batch (bs 4, 32 new tokens on the tree, 16 on the chain, one repe
   is cheap at bs 4 (nothing profiled, both engines start together), so ``auto`` really runs steps
   without drafting while ``auto-never`` never does; every mode's output equals full verification
   token for token; the fixed tiers verify fewer tokens (tier 0.25: at most ceil(bs * 16 * 0.25)
-  per step); ``adaptive`` is printed ``n/a`` with SGLang's topk reason; the printed ratio rows
-  (best-of and paired) equal the ratios computed here from the JSON's ``tok_s`` / ``tok_s_runs``;
-  the PNG is written.  ``--modes no-spec,auto,off`` measures only those three (lossless against no
-  speculation, auto/nospec and off/nospec printed and saved; ``off`` runs only draft-off steps).
+  per step); ``off`` (the opt-in forced draft-off mode) runs only draft-off steps; ``adaptive`` is
+  printed ``n/a`` with SGLang's topk reason; the printed ratio rows (best-of and paired) equal the
+  ratios computed here from the JSON's ``tok_s`` / ``tok_s_runs``; the PNG is written.
+* slow tier, ``--modes no-spec,auto,off`` on the tree: only those three are measured (lossless
+  against no speculation, auto/nospec and off/nospec printed and saved).
 * slow tier, the 15-step chain: all four engines (no speculation, D-Cut, auto-never, SGLang
   adaptive), the cost table profiled at launch (schema version 2 with draft-off costs) in a fresh
   cache directory; every mode, no speculation and adaptive included, equals full verification;
@@ -21,9 +22,9 @@ Here one small batch (bs 4, 32 new tokens on the tree, 16 on the chain, one repe
 
 Throughput figures are printed, never asserted (noisy host).
 
-Budget: CI ~60-110 s (two engine starts side by side, 6 modes x 2 short runs; 107 s measured at load
-average 5 on the shared 2-core host); slow tier ~3-6 min (four engine starts, a profile of bs 1 and 4,
-8 modes; 335 s measured at load average 5).
+Budget: CI ~60-110 s (two engine starts side by side, 7 modes x 2 short runs; 107 s measured at load
+average 5 on the shared 2-core host); slow tier ~3-6 min for the chain (four engine starts, a profile
+of bs 1 and 4, 8 modes; 335 s measured at load average 5) and ~1.5 min for the modes subset.
 """
 
 from __future__ import annotations
@@ -122,7 +123,9 @@ def _check_printed_ratios(out, res):
 def tree16_run(tmp_path_factory):
     _skip_without_models()
     tmp = tmp_path_factory.mktemp("bench_tree16")
-    args = ["--num-steps", "3", "--topk", "4", "--num-draft-tokens", str(N), "--skip-no-spec",
+    # every mode but no-spec, plus the opt-in 'off' (adaptive named so that its n/a row is printed)
+    args = ["--num-steps", "3", "--topk", "4", "--num-draft-tokens", str(N),
+            "--modes", ",".join((*DCUT_ENGINE_MODES, "auto-never", "off", "adaptive")),
             "--cost-table", _table_file(tmp / "table.json", 4, 3), "--cache-dir", str(tmp / "cache")]
     # 32 new tokens: auto's draft-off choice needs its minimum dwell of drafted steps first
     return _bench(tmp, "tree16", args, new_tokens=32)
@@ -131,7 +134,7 @@ def tree16_run(tmp_path_factory):
 def test_every_mode_is_lossless_and_measured(tree16_run):
     out, res, _ = tree16_run
     assert res["settings"]["topk"] == 4 and res["settings"]["num_steps"] == 3
-    modes = DCUT_ENGINE_MODES + ("auto-never",)
+    modes = DCUT_ENGINE_MODES + ("auto-never", "off")
     assert res["lossless_vs_full"] == {m: True for m in modes}, res["lossless_vs_full"]
     for m in modes:
         assert res["tok_s"][m][str(BS)] > 0 and len(res["tok_s_runs"][m][str(BS)]) == 1, (m, res["tok_s"][m])
@@ -145,6 +148,8 @@ def test_auto_drafts_off_and_auto_never_does_not(tree16_run):
     # the table makes a draft-off step 6x cheaper than the cheapest tier at bs 4
     assert auto["draft_off_steps"] > 0 and auto["tier_histogram"].get("draft_off") == auto["draft_off_steps"], auto
     assert never["draft_off_steps"] == 0 and "draft_off" not in never["tier_histogram"], never
+    off = res["dcut"]["off"][str(BS)]  # the D-Cut engine forced draft-off: only draft-off steps
+    assert off["steps"] > 0 and off["tier_histogram"] == {"draft_off": off["steps"]}, off
     assert re.search(r"bs=  4: keep \S+  tiers .*draft_off.*draft-off share (0\.[1-9]|1\.00)", out), out
 
 
@@ -174,6 +179,7 @@ def test_printed_ratios_equal_the_json_and_adaptive_is_na_on_trees(tree16_run):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_modes_subset_measures_only_no_spec_auto_and_off(tmp_path):
     """``--modes no-spec,auto,off`` (the long draft-off runs): only those modes are measured, the
     lossless check compares them with no speculation, auto/nospec and off/nospec are printed and

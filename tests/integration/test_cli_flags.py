@@ -90,7 +90,9 @@ def test_help_lists_every_extension_flag():
     assert "sglang_ext SpecExit" in res.stdout and "sglang_ext D-Cut" in res.stdout
 
 
-@pytest.mark.parametrize("argv,flag", [INVALID[0], INVALID[22], INVALID[26]])
+# one real launcher process in CI (~20 s each); every entry of INVALID is checked in-process below
+@pytest.mark.parametrize("argv,flag", [INVALID[0], pytest.param(*INVALID[22], marks=pytest.mark.slow),
+                                       pytest.param(*INVALID[26], marks=pytest.mark.slow)])
 def test_launcher_rejects_bad_flag_with_one_line(argv, flag):
     res = _launcher(argv)
     assert res.returncode != 0

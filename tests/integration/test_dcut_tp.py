@@ -8,10 +8,11 @@ group is a no-op.
 Launched servers (trained testbed models, EAGLE3 + SpecExit + ``--dcut auto``): TP 2 on the CPU
 testbed (``SGLANG_CPU_OMP_THREADS_BIND="0|1"``) answers as TP 1 (the same tokens; SpecExit may exit
 one paragraph apart, see ``_assert_same_answers_up_to_the_exit_paragraph``) and both ranks verify with
-the same tier at every step (traced by ``tier_trace_launch.py``); DP 2 likewise (slow tier).
+the same tier at every step (traced by ``tier_trace_launch.py``); DP 2 likewise. Both server
+tests are in the slow tier; the CI tier checks the rank agreement over real gloo processes.
 
-Budget: < 30 s for the gloo tests; the TP 2 server test ~2 min idle, up to 4 min on the loaded
-2-core host (two server start-ups); the DP 2 test is ``slow``.
+Budget: < 30 s for the gloo tests (CI); the TP 2 server test ~2 min idle, up to 4 min on the loaded
+2-core host (two server start-ups); the DP 2 test likewise.
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ def _assert_same_answers_up_to_the_exit_paragraph(out, ref):
         assert reasoning.startswith(ref_reasoning) or ref_reasoning.startswith(reasoning), (reasoning, ref_reasoning)
 
 
+@pytest.mark.slow
 def test_tp2_matches_tp1_with_the_same_tier_on_both_ranks(tmp_path):
     """Budget: ~2 min idle, up to 4 min on the loaded 2-core host (two server start-ups, 16 requests each)."""
     t0 = time.time()

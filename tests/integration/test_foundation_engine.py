@@ -40,7 +40,8 @@ def triton_interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-@pytest.mark.parametrize("topk,num_draft_tokens", [(1, 4), (2, 4)])
+# CI: the tree (topk 2); the chain in the slow tier (interpreted Triton: ~50 s each)
+@pytest.mark.parametrize("topk,num_draft_tokens", [pytest.param(1, 4, marks=pytest.mark.slow), (2, 4)])
 def test_eagle3_triton_interpreted_matches_hf(tiny_models, tiny_prompts, hf_reference, triton_interpret, topk,
                                                num_draft_tokens):
     eng = make_engine(tiny_models.target, attention_backend="triton", speculative_algorithm="EAGLE3",
