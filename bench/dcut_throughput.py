@@ -133,6 +133,11 @@ def _parse_args(argv=None):
                    help="new tokens per request (default: 128 trained, 64 tiny)")
     p.add_argument("--prompt-len", type=int, default=4, help="prompt length of the tiny-model prompts")
     p.add_argument("--problem-seed", type=int, default=PROBLEM_SEED, help="held-out problems' seed (trained)")
+    p.add_argument("--refill", type=int, default=1, metavar="K",
+                   help="each run sends K x bs requests with at most bs in flight, a new one joining as one "
+                        "finishes (a server's refilled batch); 1 (default): a closed batch of bs requests that "
+                        "start together, whose last steps run a thinning batch when requests finish at "
+                        "different steps (speculation)")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed repetitions per (mode, bs), interleaved across modes; the best is kept")
     p.add_argument("--max-running-requests", type=int, default=64)
@@ -394,12 +399,13 @@ def _post_generate(url: str, prompt, params: dict) -> dict:
         return json.loads(r.read().decode())
 
 
-def _run_http(url: str, prompts, params: dict) -> tuple:
-    """``len(prompts)`` concurrent ``/generate`` requests; (output tok/s, outputs, verify steps, tokens)."""
+def _run_http(url: str, prompts, params: dict, concurrency=None) -> tuple:
+    """``/generate`` requests, all concurrent (or at most ``concurrency`` in flight, refilled);
+    (output tok/s, outputs, verify steps, tokens)."""
     from concurrent.futures import ThreadPoolExecutor
 
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=len(prompts)) as ex:
+    with ThreadPoolExecutor(max_workers=concurrency or len(prompts)) as ex:
         outs = list(ex.map(lambda p: _post_generate(url, p, params), prompts))
     dt = time.perf_counter() - t0
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
@@ -411,16 +417,51 @@ def _verify_ct(outs) -> int:
     return sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
 
 
-def _run(engine, prompts, max_new_tokens) -> tuple:
-    """One timed batch: (output tok/s, output ids per request, SGLang's verify steps summed over
-    requests, output tokens)."""
+def _refill(args) -> int:
+    k = int(getattr(args, "refill", 1) or 1)
+    if k < 1:
+        raise SystemExit(f"--refill {k}: must be at least 1")
+    return k
+
+
+def _refill_note(args) -> str:
+    k = _refill(args)
+    return f", refilled batches ({k} x bs requests, bs in flight)" if k > 1 else ""
+
+
+def _generate_refilled(engine, prompts, params: dict, concurrency: int) -> list:
+    """``engine.async_generate`` of every prompt with at most ``concurrency`` requests in flight
+    (the next one submitted as soon as one finishes); the outputs in prompt order."""
+    import asyncio
+
+    async def run():
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(p):
+            async with gate:
+                return await engine.async_generate(input_ids=p, sampling_params=params)
+
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    return list(engine.loop.run_until_complete(run()))
+
+
+def _run(engine, prompts, max_new_tokens, concurrency=None) -> tuple:
+    """One timed run of ``prompts``: (output tok/s, output ids per request, SGLang's verify steps
+    summed over requests, output tokens). ``concurrency`` (None: all at once, a closed batch): at
+    most that many requests in flight, refilled as they finish (``--refill``)."""
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    if concurrency is not None and concurrency >= len(prompts):
+        concurrency = None
     if isinstance(engine, str):  # a server URL
-        return _run_http(engine, prompts, params)
+        return _run_http(engine, prompts, params, concurrency)
     if isinstance(engine, EngineProcess):
-        return engine.call("generate", prompts, max_new_tokens)
+        return engine.call("generate", prompts, max_new_tokens, concurrency)
     t0 = time.perf_counter()
-    outs = engine.generate(input_ids=prompts, sampling_params=params)
+    if concurrency is None:
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+    else:
+        outs = _generate_refilled(engine, prompts, params, concurrency)
     dt = time.perf_counter() - t0
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     return tokens / dt, [o["output_ids"] for o in outs], _verify_ct(outs), tokens
@@ -442,12 +483,13 @@ def _measure(engine, prompts_all, bs_list, args, modes=(None,), set_mode=None, s
     def eng(m):
         return engine[m] if isinstance(engine, dict) else engine
 
+    k = _refill(args)
     for bs in bs_list:
-        prompts = prompts_all[:bs]
+        prompts = prompts_all[:bs * k]
         for m in modes:
             if set_mode:
                 set_mode(m)
-            _run(eng(m), prompts, min(8, args.max_new_tokens))  # warm-up at this batch size
+            _run(eng(m), prompts[:bs], min(8, args.max_new_tokens))  # warm-up at this batch size
             out[m][bs] = {"tok_s": 0.0, "ids": None}
         for rep in range(args.repeats):
             order = list(modes) if rep % 2 == 0 else list(reversed(modes))
@@ -457,7 +499,7 @@ def _measure(engine, prompts_all, bs_list, args, modes=(None,), set_mode=None, s
                 if m in prime:
                     _run(eng(m), prompts[:1], 2)
                 before = stats(m) if stats else None
-                tps, ids, verify_ct, tokens = _run(eng(m), prompts, args.max_new_tokens)
+                tps, ids, verify_ct, tokens = _run(eng(m), prompts, args.max_new_tokens, bs if k > 1 else None)
                 r = out[m][bs]
                 if before is not None:
                     r.setdefault("metrics", []).append(_delta(before, stats(m)))
@@ -484,11 +526,12 @@ def run_bench(args) -> dict:
     target, draft, kind = _resolve_models(args)
     if args.max_new_tokens is None:
         args.max_new_tokens = 128 if kind == "problems" else 64  # heldout (a real pair): 64
-    prompts = _prompts(target, kind, max(args.bs_list), args)
+    prompts = _prompts(target, kind, max(args.bs_list) * _refill(args), args)
     args.max_prompt_len = max(len(p) for p in prompts)
     print(f"[dcut_throughput] target={target} draft={draft} prompts={kind} (max {args.max_prompt_len} tokens), "
           f"steps {args.num_steps}, topk {args.topk}, {args.num_draft_tokens} draft tokens, "
-          f"{args.max_new_tokens} new tokens, batch sizes {args.bs_list}, repeats {args.repeats}", flush=True)
+          f"{args.max_new_tokens} new tokens, batch sizes {args.bs_list}, repeats {args.repeats}{_refill_note(args)}",
+          flush=True)
     results: Dict[str, Dict[int, dict]] = {}
     engines: Dict[str, EngineProcess] = {}  # engine name -> its process, all up until the end
     engine_of: Dict[str, object] = {}  # mode -> its engine
@@ -712,10 +755,11 @@ def run_url(args) -> dict:
     url = args.url.rstrip("/")
     info = server_info(url)
     dcut = info.get("dcut")
-    prompts = _url_prompts(max(args.bs_list), args)
+    prompts = _url_prompts(max(args.bs_list) * _refill(args), args)
     print(f"[dcut_throughput] server {url} (model {info.get('model_path')}, speculative "
           f"{info.get('speculative_algorithm')}, D-Cut {'on: ' + str(dcut.get('mode')) if dcut else 'off'}), "
-          f"{args.max_new_tokens} new tokens, batch sizes {args.bs_list}, repeats {args.repeats}", flush=True)
+          f"{args.max_new_tokens} new tokens, batch sizes {args.bs_list}, repeats {args.repeats}{_refill_note(args)}",
+          flush=True)
     if not dcut:
         res = _measure(url, prompts, args.bs_list, args)[None]
         return {"settings": {k: v for k, v in vars(args).items() if k != "what_if"}, "url": url,

@@ -8,8 +8,11 @@ requests are in flight together, every mode is switched through ``dcut_force_rat
 mode restored, the held-out prompts go out as text, greedy/ignore_eos/max_new_tokens are sent, the
 printed table shows ``auto`` faster than ``full``, the keep ratio comes from the metrics deltas, the
 PNG is written; a server without D-Cut is measured as is (no ``/set_internal_state``).
+``--refill K``: each run sends ``K x bs`` requests with at most ``bs`` in flight, over HTTP and through
+an engine's ``async_generate`` (a fake engine in-process: outputs in prompt order, a new request
+submitted only when one finished).
 
-Budget: < 20 s CI (about 60 stub requests of 0.05-0.1 s).
+Budget: < 20 s CI (about 100 stub requests of 0.05-0.1 s).
 """
 
 from __future__ import annotations
@@ -98,12 +101,12 @@ def _bench():
     return bench_script.load("dcut_throughput")
 
 
-def _main(stub, tmp_path, capsys):
+def _main(stub, tmp_path, capsys, extra=()):
     srv, url = _serve(stub)
     png = tmp_path / "url.png"
     try:
         _bench().main(["--url", url, "--batch-sizes", "1,4", "--max-new-tokens", "16", "--repeats", "2",
-                       "--out", str(png), "--json", str(tmp_path / "url.json")])
+                       "--out", str(png), "--json", str(tmp_path / "url.json"), *extra])
     finally:
         srv.shutdown()
         srv.server_close()
@@ -142,3 +145,56 @@ def test_url_mode_without_dcut_measures_the_server_as_is(tmp_path, capsys):
     assert re.search(r"^server\s+\d+\.\d\s+\d+\.\d$", out, re.M), out
     assert len(stub.generate_bodies) == 3 * (1 + 4)  # (1 warm-up + 2 repeats) x (bs 1 + bs 4)
     assert "ratios" not in out
+
+
+def test_url_refill_keeps_bs_requests_in_flight(tmp_path, capsys):
+    stub = Stub(with_dcut=False)
+    out, res = _main(stub, tmp_path, capsys, extra=("--refill", "3"))
+    assert stub.max_inflight == 4  # 12 requests per bs-4 run, never more than 4 at once
+    # bs 1: warm-up 1 + 2 repeats x 3; bs 4: warm-up 4 + 2 repeats x 12
+    assert len(stub.generate_bodies) == (1 + 2 * 3) + (4 + 2 * 12)
+    assert res["settings"]["refill"] == 3 and "refilled batches (3 x bs requests, bs in flight)" in out
+    assert len(set(b["text"] for b in stub.generate_bodies[-12:])) > 4  # more prompts than the batch size
+
+
+class _FakeAsyncEngine:
+    """``loop`` and ``async_generate`` as ``sglang.Engine`` has them; request ``i`` takes ``1 + i % 3``
+    ticks of 10 ms, so requests finish out of order."""
+
+    def __init__(self):
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+        self.inflight = 0
+        self.max_inflight = 0
+        self.finished = 0
+        self.started = []  # (prompt id, in flight, finished) at each submission, in order
+
+    async def async_generate(self, input_ids, sampling_params):
+        import asyncio
+
+        self.inflight += 1
+        self.max_inflight = max(self.max_inflight, self.inflight)
+        self.started.append((input_ids[0], self.inflight, self.finished))
+        await asyncio.sleep(0.01 * (1 + input_ids[0] % 3))
+        self.inflight -= 1
+        self.finished += 1
+        n = sampling_params["max_new_tokens"]
+        return {"output_ids": [input_ids[0]] * n, "meta_info": {"completion_tokens": n}}
+
+
+def test_engine_refill_submits_as_requests_finish():
+    bench = _bench()
+    eng = _FakeAsyncEngine()
+    try:
+        prompts = [[i, 7] for i in range(10)]
+        tps, ids, verify_ct, tokens = bench._run(eng, prompts, 5, concurrency=3)
+    finally:
+        eng.loop.close()
+    assert ids == [[i] * 5 for i in range(10)]  # prompt order, although they finished out of order
+    assert tokens == 50 and verify_ct == 0 and tps > 0
+    assert eng.max_inflight == 3
+    # the first three start together; the j-th later one only after j + 1 finished, refilling to 3
+    assert [(c, f) for _, c, f in eng.started[:3]] == [(1, 0), (2, 0), (3, 0)]
+    assert all(f >= j - 2 for j, (_, _, f) in enumerate(eng.started) if j >= 3), eng.started
+    assert sum(c == 3 for _, c, _ in eng.started[3:]) >= 3, eng.started
