@@ -181,7 +181,10 @@ def _parse_args(argv=None):
     refuse_config(p, "it launches its engines with its own flags (--num-steps, --topk, --num-draft-tokens, ...); "
                      "pass those, or start a server with `python -m sglang.launch_server --config FILE` and "
                      "measure it with --url")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.refill < 1:
+        p.error(f"--refill {args.refill}: must be at least 1")
+    return args
 
 
 def _resolve_models(args):
@@ -417,16 +420,8 @@ def _verify_ct(outs) -> int:
     return sum(int(o["meta_info"].get("spec_verify_ct") or 0) for o in outs)
 
 
-def _refill(args) -> int:
-    k = int(getattr(args, "refill", 1) or 1)
-    if k < 1:
-        raise SystemExit(f"--refill {k}: must be at least 1")
-    return k
-
-
 def _refill_note(args) -> str:
-    k = _refill(args)
-    return f", refilled batches ({k} x bs requests, bs in flight)" if k > 1 else ""
+    return f", refilled batches ({args.refill} x bs requests, bs in flight)" if args.refill > 1 else ""
 
 
 def _generate_refilled(engine, prompts, params: dict, concurrency: int) -> list:
@@ -483,9 +478,8 @@ def _measure(engine, prompts_all, bs_list, args, modes=(None,), set_mode=None, s
     def eng(m):
         return engine[m] if isinstance(engine, dict) else engine
 
-    k = _refill(args)
     for bs in bs_list:
-        prompts = prompts_all[:bs * k]
+        prompts = prompts_all[:bs * args.refill]
         for m in modes:
             if set_mode:
                 set_mode(m)
@@ -499,7 +493,7 @@ def _measure(engine, prompts_all, bs_list, args, modes=(None,), set_mode=None, s
                 if m in prime:
                     _run(eng(m), prompts[:1], 2)
                 before = stats(m) if stats else None
-                tps, ids, verify_ct, tokens = _run(eng(m), prompts, args.max_new_tokens, bs if k > 1 else None)
+                tps, ids, verify_ct, tokens = _run(eng(m), prompts, args.max_new_tokens, bs)
                 r = out[m][bs]
                 if before is not None:
                     r.setdefault("metrics", []).append(_delta(before, stats(m)))
@@ -526,7 +520,7 @@ def run_bench(args) -> dict:
     target, draft, kind = _resolve_models(args)
     if args.max_new_tokens is None:
         args.max_new_tokens = 128 if kind == "problems" else 64  # heldout (a real pair): 64
-    prompts = _prompts(target, kind, max(args.bs_list) * _refill(args), args)
+    prompts = _prompts(target, kind, max(args.bs_list) * args.refill, args)
     args.max_prompt_len = max(len(p) for p in prompts)
     print(f"[dcut_throughput] target={target} draft={draft} prompts={kind} (max {args.max_prompt_len} tokens), "
           f"steps {args.num_steps}, topk {args.topk}, {args.num_draft_tokens} draft tokens, "
@@ -755,7 +749,7 @@ def run_url(args) -> dict:
     url = args.url.rstrip("/")
     info = server_info(url)
     dcut = info.get("dcut")
-    prompts = _url_prompts(max(args.bs_list) * _refill(args), args)
+    prompts = _url_prompts(max(args.bs_list) * args.refill, args)
     print(f"[dcut_throughput] server {url} (model {info.get('model_path')}, speculative "
           f"{info.get('speculative_algorithm')}, D-Cut {'on: ' + str(dcut.get('mode')) if dcut else 'off'}), "
           f"{args.max_new_tokens} new tokens, batch sizes {args.bs_list}, repeats {args.repeats}{_refill_note(args)}",

@@ -198,3 +198,11 @@ def test_engine_refill_submits_as_requests_finish():
     assert [(c, f) for _, c, f in eng.started[:3]] == [(1, 0), (2, 0), (3, 0)]
     assert all(f >= j - 2 for j, (_, _, f) in enumerate(eng.started) if j >= 3), eng.started
     assert sum(c == 3 for _, c, _ in eng.started[3:]) >= 3, eng.started
+
+
+def test_refill_below_one_is_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        _bench()._parse_args(["--refill", "0"])
+    assert "--refill 0: must be at least 1" in capsys.readouterr().err
