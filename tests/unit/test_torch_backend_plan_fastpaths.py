@@ -10,7 +10,8 @@
 * a non-finite key in one request's cache never reaches another request's rows.
 
 Both sides run the same SDPA call on the same values in the attended cells, so outputs must be
-equal bit for bit (``torch.equal``), not merely close.
+equal bit for bit (``torch.equal``), not merely close. The one exception is a check against a plan
+of another key length (a group's rows alone), which is equal to rounding only.
 """
 
 from __future__ import annotations
@@ -127,9 +128,13 @@ def test_other_pool_dtype_and_empty_prefix_fall_back_to_zero_fill():
     assert plan.kv_src is NO_PADDED_SOURCE
     q, k, v = torch.randn(5, HQ, D, generator=gen), torch.randn(5, HKV, D, generator=gen), torch.randn(5, HKV, D, generator=gen)
     out = run_plan(plan, q, k, v, k_cache, v_cache, scaling=0.3, workspace=KVWorkspace())
-    # group 0 sees only its own rows: compare with a one-group plan
+    # group 0 sees only its own rows: compare with a one-group plan. Its SDPA call runs over 2 keys
+    # instead of the padded 7 (masked), and the vectorized reduction over a different key length may
+    # round differently (seen on AVX-512: 6e-8), so this one comparison is to rounding, not bit for
+    # bit; a leaked row of group 1 would move the output by O(1).
     alone = make_plan([2], [0], r2t[0, :0].to(torch.int64), MaskKind.CAUSAL)
-    assert torch.equal(out[:2], run_plan(alone, q[:2], k[:2], v[:2], k_cache, v_cache, scaling=0.3))
+    torch.testing.assert_close(out[:2], run_plan(alone, q[:2], k[:2], v[:2], k_cache, v_cache, scaling=0.3),
+                               rtol=0.0, atol=1e-6)
     # a bf16 pool with float32 queries takes the converting path and still matches the f32 pool
     plan2 = plan_target_verify(r2t, torch.tensor([1, 2]), [5, 9], [3, 3], None)
     q2, k2, v2 = torch.randn(6, HQ, D, generator=gen), torch.randn(6, HKV, D, generator=gen), torch.randn(6, HKV, D, generator=gen)
