@@ -673,9 +673,12 @@ def _say_table(info: dict) -> None:
     print(f"  cost table: {src}, schema version {table.get('version')}, draft-off costs "
           + ("none: auto never switches drafting off" if not off else
              ", ".join(f"bs {b}: {o:.1f} ms" for b, o in zip(table.get("batch_sizes", []), off))), flush=True)
-    if src != "profiled" or not off:
-        print("  WARNING: the draft-off comparison needs a cost table profiled at launch with draft-off costs "
-              "(drop --cost-table / --cache-dir for a fresh profile)", flush=True)
+    if not off:
+        print("  WARNING: the draft-off comparison needs a cost table with draft-off costs (schema version 2; "
+              "drop --cost-table / --cache-dir for a fresh profile)", flush=True)
+    elif src != "profiled":
+        print(f"  note: the cost table was not profiled by this run (source: {src}); its costs are those of the "
+              "host that profiled it, and the online costs correct the cells that run", flush=True)
 
 
 def _adaptive_plan(args) -> dict:

@@ -206,3 +206,19 @@ def test_refill_below_one_is_refused(capsys):
     with pytest.raises(SystemExit):
         _bench()._parse_args(["--refill", "0"])
     assert "--refill 0: must be at least 1" in capsys.readouterr().err
+
+
+def test_cost_table_line_warns_only_without_draft_off_costs(capsys):
+    """A table with draft-off costs read from a file gets a note (costs of another host), not the
+    warning that auto cannot switch drafting off, which is kept for a table without them."""
+    say = _bench()._say_table
+    v2 = {"version": 2, "batch_sizes": [1, 4], "off_ms": [197.0, 447.6]}
+    say({"cost_table_info": {"source": "profiled"}, "cost_table": v2})
+    out = capsys.readouterr().out
+    assert "bs 1: 197.0 ms, bs 4: 447.6 ms" in out and "WARNING" not in out and "note:" not in out
+    say({"cost_table_info": {"source": "file"}, "cost_table": v2})
+    out = capsys.readouterr().out
+    assert "WARNING" not in out and "note: the cost table was not profiled by this run (source: file)" in out
+    say({"cost_table_info": {"source": "file"}, "cost_table": {"version": 1, "batch_sizes": [1]}})
+    out = capsys.readouterr().out
+    assert "none: auto never switches drafting off" in out and "WARNING: the draft-off comparison needs" in out
