@@ -146,7 +146,8 @@ def _parse_args(argv=None):
     p.add_argument("--cache-dir", default=None,
                    help="--dcut-cache-dir (default: a fresh temporary directory, so the cost table, with the "
                         "draft-off costs, is profiled at launch)")
-    p.add_argument("--cost-table", default=None, help="--dcut-cost-table FILE (skips profiling)")
+    p.add_argument("--cost-table", default=None, help="--dcut-cost-table FILE (skips profiling; a table profiled on another host misleads auto "
+                   "where drafting and draft-off are close: for repeating a run on the host that profiled it)")
     p.add_argument("--profile-steps", type=int, default=None, help="--dcut-profile-steps (default: the server's)")
     p.add_argument("--no-timing", action="store_true", help="do not collect the per-step time split")
     p.add_argument("--out", default=os.path.join("bench", "out", "dcut_throughput.png"))
