@@ -95,3 +95,37 @@ def test_deferred_extend_inputs():
     assert "forward_batch.seq_lens_cpu = forward_batch.seq_lens_cpu + num_draft_tokens" in prep
     fbg = inspect.getsource(EAGLEWorkerV2.forward_batch_generation)
     assert "self.draft_worker._draft_extend_for_decode(" in fbg  # an attribute lookup per call
+
+
+def test_tree_path_compaction_runs_only_for_topk_above_one():
+    """A draft-off verify runs with the worker's ``topk`` at 1 (``one_node_verify``) so that
+    SGLang skips the tree-path compaction, an identity for one node per request; that relies on
+    the compaction's ``topk > 1`` condition and on ``verify`` reading ``self.topk`` per call."""
+    from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    src = inspect.getsource(run_eagle_verify)
+    assert "finalize_tree_path" in _params(run_eagle_verify) and "topk" in _params(run_eagle_verify)
+    assert "if finalize_tree_path and not batch.forward_mode.is_idle() and topk > 1:" in src
+    assert "predict = _finalize_accept_tree_path(" in src
+    assert "topk=self.topk" in inspect.getsource(EAGLEWorkerV2.verify)
+
+
+def test_one_node_verify_sets_topk_one_for_the_call_only():
+    import pytest
+
+    from sglang_ext.engine.dcut.runner import one_node_verify
+
+    class Worker:
+        topk = 4
+
+    w, seen = Worker(), []
+    assert one_node_verify(w, lambda: seen.append(w.topk) or "result") == "result"
+    assert seen == [1] and w.topk == 4
+
+    def fails():
+        raise RuntimeError("verify failed")
+
+    with pytest.raises(RuntimeError, match="verify failed"):
+        one_node_verify(w, fails)
+    assert w.topk == 4

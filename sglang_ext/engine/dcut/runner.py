@@ -1226,7 +1226,7 @@ class DCutRunner:
         if bs == 0 or not hasattr(vi, "retrieve_next_token"):
             return full()
         if self.step_draft_off:  # SGLang's one-node verify input (draft-off step): nothing to prune
-            result = full()
+            result = one_node_verify(worker, full)
             column = OFF_COLUMN if self._observed_mode() and self.cost_table.has_draft_off else None
             self.metrics.record(StepDecision.draft_off(bs, self._draft_off_predicted_ms(bs), column),
                                 getattr(result, "accept_lens", None))
@@ -1371,6 +1371,26 @@ def _backend_runs_ragged_verify(worker: Any) -> bool:
         logger.warning("D-Cut: attention backend %s cannot run ragged verify batches; pruned nodes are cut "
                        "from the links only (lossless, but no verify FLOPs are saved)", type(backend).__name__)
     return ok
+
+
+def one_node_verify(worker: Any, verify: Callable[[], Any]) -> Any:
+    """``verify()`` -- SGLang's verify of a draft-off step's one-node input -- with ``worker.topk``
+    at 1 for the call (``patches/zero_step_draft_off.md``).
+
+    ``run_eagle_verify`` compacts the accepted tree path to the front of each request's block only
+    when ``topk > 1``: a KV move in every layer plus two gathers. With one node per request the
+    accepted path *is* the front, so on a tree the move copies every accepted slot onto itself
+    (about 1 % of a bs-1 draft-off step on the CPU testbed, ad-hoc profile). ``topk`` 1 with one
+    verify token is SGLang's own zero-step configuration (``--speculative-adaptive`` on a chain),
+    and the worker's ``topk`` is read there only for that compaction and the choice of commit
+    path; the verify input (built before, with the real ``topk``) is unchanged.
+    """
+    saved = worker.topk
+    worker.topk = 1
+    try:
+        return verify()
+    finally:
+        worker.topk = saved
 
 
 def is_decode_batch(batch: Any) -> bool:
