@@ -11,23 +11,29 @@ Token diagram of one request in one step (SGLang convention, ``a`` accepted draf
     emitted this step        r_1 ... r_a, b                 (accept_lens = a + 1)
     thinking length    n_j = think_tokens + j     (think_tokens counts r_0 already)
 
-Rules (a request is *active* if it is thinking and no stop-think token is among r_0..r_a, b):
+The rules are **per token**: each position is examined once, in token order, and whether a
+position exits depends only on the tokens and per-token signals up to it, never on how the
+tokens were split into steps (the same request exits at the same token whatever the verify
+width, D-Cut tier, batch or draft-off pattern). A position is *examined* if the request is
+thinking and no stop-think token comes before it (``examined_positions``):
 
-* **Natural end.** If the stop-think token is among r_0..r_a or b, the request leaves the
-  thinking phase and is never exited (project rule of A.7: the bonus counts).
-* **Boundary.** ``r_j`` is a boundary if its id is in the boundary set B. The first one is
-  ``j*`` (``first_boundary``); the engine cuts ``paragraph_mean`` histories there.
-* **Signal exit** at the first j with ``r_j`` in B, ``n_j >= min_think_tokens`` and every
-  enabled signal passing (computed by :func:`signal_test` on the scores smoothed up to the
-  previous step). Without guards this is exactly A.7: test at ``j*``.
-* **Forced exit** (``max_think_tokens = M`` set, grace ``G``): at the first j with
-  ``r_j`` in B and ``n_j >= M``, or, failing that, at the first j with ``n_j >= M + G``
-  (the end of the grace window), with no signal test. The thinking span is therefore never
-  longer than ``M + G`` tokens.
+* **Natural end.** A stop-think token among r_0..r_a, or as the bonus b, ends thinking on its
+  own at its position; positions before it are still examined (a boundary there can exit),
+  positions from it on are not. The bonus is position ``a + 1``: r_0..r_a are all examined.
+* **Boundary.** ``r_j`` is a boundary if its id is in the boundary set B. The first examined
+  one is ``j*`` (``first_boundary``, reported).
+* **Signal exit** at the first examined j with ``r_j`` in B, ``n_j >= min_think_tokens`` and
+  every enabled signal passing at j (``signals_pass[:, j]``: the test on the scores smoothed
+  over the observations of every thinking token up to and including r_j, computed by
+  ``SpecExitState.step``; a ``[batch_size]`` vector applies to every position).
+* **Forced exit** (``max_think_tokens = M`` set, grace ``G``): at the first examined j with
+  ``r_j`` in B and ``n_j >= M``, or, failing that, at the first examined j with
+  ``n_j >= M + G``, with no signal test. The thinking span is never longer than ``M + G``.
 * The exit point is the first position where either rule fires (reason ``SIGNALS`` wins if
   both fire there). The step then keeps ``r_1..r_j`` (``keep_drafts = j``) and the engine
   emits ``(r_1..r_j, stop_think)``: ``accept_lens' = j + 1``. Without an exit
-  ``keep_drafts = a``.
+  ``keep_drafts = a``. An exit before a stop-think token of the same step wins (the request
+  is exited, not ended naturally).
 
 Every position 0..a is examined once per step and the bonus becomes the next step's root,
 so every thinking token is examined exactly once.
@@ -76,10 +82,11 @@ class ExitDecision:
     reason : torch.Tensor
         int64 ``ExitReason`` values (``NONE`` when not exiting).
     natural_end : torch.Tensor
-        bool: the stop-think token is among the step's tokens; the request left thinking
-        on its own (only for requests that were thinking).
+        bool: the stop-think token is among the step's tokens and no exit fired before it;
+        the request left thinking on its own (only for requests that were thinking).
     first_boundary : torch.Tensor
-        int64 ``j*`` in ``0..a`` for active requests with a boundary, else ``NO_BOUNDARY``.
+        int64 ``j*`` in ``0..a``: the first examined boundary, at or before the exit position;
+        ``NO_BOUNDARY`` if there is none.
     num_accepted : torch.Tensor
         int64 ``a``, accepted drafts before the cut.
     was_thinking : torch.Tensor
@@ -167,7 +174,7 @@ def decide_exit(
     accepted_ids: torch.Tensor,  # [batch_size, max_drafts], PAD_TOKEN after the a drafts
     bonus_ids: torch.Tensor,  # [batch_size]
     think_tokens: torch.Tensor,  # [batch_size]
-    signals_pass: torch.Tensor,  # [batch_size] bool
+    signals_pass: torch.Tensor,  # [batch_size] or [batch_size, max_drafts + 1] bool
     min_think_tokens: torch.Tensor,  # [batch_size]
     max_think_tokens: torch.Tensor,  # [batch_size], NO_MAX_THINK when off
     max_think_grace: torch.Tensor,  # [batch_size]
@@ -191,7 +198,9 @@ def decide_exit(
     think_tokens : torch.Tensor
         ``[batch_size]`` thinking tokens emitted before this step, r_0 included.
     signals_pass : torch.Tensor
-        ``[batch_size]`` bool, :func:`signal_test` on the scores after the previous step.
+        ``[batch_size, max_drafts + 1]`` bool, :func:`signal_test` at each position ``j`` on
+        the scores smoothed through ``r_j`` (``SpecExitState.step``); or ``[batch_size]``,
+        the same outcome at every position.
     min_think_tokens : torch.Tensor
         ``[batch_size]`` no signal exit at a position with ``n_j`` below this.
     max_think_tokens : torch.Tensor
@@ -210,13 +219,13 @@ def decide_exit(
     Examples
     --------
     Boundary id 7, stop id 9. Request 0 has ``r_2 = 7`` and passing signals: keep 2
-    drafts. Request 1 emits the stop token as its bonus: natural end, no exit.
+    drafts. Request 1 accepts the stop token before its boundary: natural end, no exit.
 
     >>> d = decide_exit(
     ...     thinking=torch.tensor([True, True]),
     ...     root_ids=torch.tensor([5, 5]),
-    ...     accepted_ids=torch.tensor([[4, 7, 4], [7, -1, -1]]),
-    ...     bonus_ids=torch.tensor([3, 9]),
+    ...     accepted_ids=torch.tensor([[4, 7, 4], [9, 7, -1]]),
+    ...     bonus_ids=torch.tensor([3, 3]),
     ...     think_tokens=torch.tensor([10, 10]),
     ...     signals_pass=torch.tensor([True, True]),
     ...     min_think_tokens=torch.tensor([0, 0]),
@@ -226,38 +235,29 @@ def decide_exit(
     ...     stop_think_id=9,
     ... )
     >>> d.exit.tolist(), d.keep_drafts.tolist(), d.reason.tolist(), d.natural_end.tolist()
-    ([True, False], [2, 1], [1, 0], [False, True])
+    ([True, False], [2, 2], [1, 0], [False, True])
     """
     device = accepted_ids.device
     thinking = thinking.to(device=device, dtype=torch.bool)
     accepted = accepted_ids.to(torch.int64)
-    root = root_ids.to(device=device, dtype=torch.int64)
-    bonus = bonus_ids.to(device=device, dtype=torch.int64)
     batch_size, max_drafts = accepted.shape
-
-    drafted = accepted != PAD_TOKEN  # [batch_size, max_drafts]
-    num_accepted = drafted.sum(dim=1)  # a
-    run = torch.cat([root[:, None], accepted], dim=1)  # [batch_size, max_drafts + 1]: r_0..r_a
-    # the root is always valid (also with no draft column: a draft-off step, N = 1)
-    valid = torch.cat([torch.ones((batch_size, 1), dtype=torch.bool, device=device), drafted], dim=1)
-
-    natural_end = thinking & (((run == stop_think_id) & valid).any(dim=1) | (bonus == stop_think_id))
-    active = thinking & ~natural_end  # [batch_size]
+    run, valid = step_run(root_ids, accepted)  # [batch_size, max_drafts + 1] each
+    examined, natural_end = examined_positions(thinking, run, valid, bonus_ids, stop_think_id)
 
     position = torch.arange(max_drafts + 1, device=device)  # j
-    boundary = torch.isin(run, boundary_ids.to(device=device, dtype=torch.int64))
-    boundary = boundary & valid & active[:, None]  # [batch_size, max_drafts + 1]
+    boundary = torch.isin(run, boundary_ids.to(device=device, dtype=torch.int64)) & examined
     length = think_tokens.to(device=device, dtype=torch.int64)[:, None] + position  # n_j
 
+    passes = signals_pass.to(device=device, dtype=torch.bool)
+    if passes.dim() == 1:
+        passes = passes[:, None]
     min_think = min_think_tokens.to(device=device, dtype=torch.int64)[:, None]
-    by_signals = boundary & (length >= min_think) & signals_pass.to(device=device, dtype=torch.bool)[:, None]
+    by_signals = boundary & (length >= min_think) & passes
 
     max_think = max_think_tokens.to(device=device, dtype=torch.int64)[:, None]
     grace = max_think_grace.to(device=device, dtype=torch.int64)[:, None]
     capped = max_think != NO_MAX_THINK
-    forced = capped & valid & active[:, None] & (
-        (boundary & (length >= max_think)) | (length >= max_think + grace)
-    )
+    forced = capped & examined & ((boundary & (length >= max_think)) | (length >= max_think + grace))
 
     beyond = max_drafts + 1  # "no such position"
     candidate = by_signals | forced
@@ -270,17 +270,79 @@ def decide_exit(
         torch.where(signal_reason, int(ExitReason.SIGNALS), int(ExitReason.MAX_THINK)),
         int(ExitReason.NONE),
     )
-    first = torch.where(boundary, position, beyond).min(dim=1).values
+    reached = boundary & (position[None, :] <= exit_at[:, None])  # boundaries up to the exit
+    first = torch.where(reached, position, beyond).min(dim=1).values
     first_boundary = torch.where(first < beyond, first, NO_BOUNDARY)
     return ExitDecision(
         exit=do_exit,
-        keep_drafts=torch.where(do_exit, exit_at, num_accepted),
+        keep_drafts=torch.where(do_exit, exit_at, valid[:, 1:].sum(dim=1)),
         reason=reason.to(torch.int64),
-        natural_end=natural_end,
+        natural_end=natural_end & ~do_exit,
         first_boundary=first_boundary,
-        num_accepted=num_accepted,
+        num_accepted=valid[:, 1:].sum(dim=1),
         was_thinking=thinking,
     )
+
+
+def step_run(
+    root_ids: torch.Tensor,  # [batch_size]
+    accepted_ids: torch.Tensor,  # [batch_size, max_drafts], PAD_TOKEN after the a drafts
+) -> Tuple[torch.Tensor, torch.Tensor]:  # ([batch_size, max_drafts + 1], [batch_size, max_drafts + 1])
+    """The committed run ``r_0..r_a`` of each request and which of its columns hold a token.
+
+    Column 0 is the root (always valid, also with no draft column: a draft-off step).
+
+    Examples
+    --------
+    >>> run, valid = step_run(torch.tensor([5]), torch.tensor([[4, -1]]))
+    >>> run.tolist(), valid.tolist()
+    ([[5, 4, -1]], [[True, True, False]])
+    """
+    accepted = accepted_ids.to(torch.int64)
+    device = accepted.device
+    root = root_ids.to(device=device, dtype=torch.int64)
+    batch_size = accepted.shape[0]
+    run = torch.cat([root[:, None], accepted], dim=1)
+    valid = torch.cat([torch.ones((batch_size, 1), dtype=torch.bool, device=device), accepted != PAD_TOKEN], dim=1)
+    return run, valid
+
+
+def examined_positions(
+    thinking: torch.Tensor,  # [batch_size] bool
+    run: torch.Tensor,  # [batch_size, max_drafts + 1]: r_0..r_a, then PAD_TOKEN
+    valid: torch.Tensor,  # [batch_size, max_drafts + 1] bool
+    bonus_ids: torch.Tensor,  # [batch_size]
+    stop_think_id: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:  # ([batch_size, max_drafts + 1], [batch_size])
+    """Positions that are thinking tokens of a thinking request, and where thinking ends by itself.
+
+    A position is examined if the request is thinking, the position holds a token, and no
+    stop-think token comes before it (the stop token's own position is not examined). A
+    stop-think bonus ends thinking after ``r_a``.
+
+    Returns
+    -------
+    examined : torch.Tensor
+        ``[batch_size, max_drafts + 1]`` bool.
+    natural_end : torch.Tensor
+        ``[batch_size]`` bool: a thinking request has a stop-think token among r_0..r_a or b.
+
+    Examples
+    --------
+    >>> run = torch.tensor([[5, 7, 9, 4], [5, 7, -1, -1]])
+    >>> valid = run != -1
+    >>> e, n = examined_positions(torch.tensor([True, True]), run, valid, torch.tensor([3, 9]), 9)
+    >>> e.tolist(), n.tolist()
+    ([[True, True, False, False], [True, True, False, False]], [True, True])
+    """
+    device = run.device
+    thinking = thinking.to(device=device, dtype=torch.bool)
+    bonus = bonus_ids.to(device=device, dtype=torch.int64)
+    is_stop = (run == stop_think_id) & valid  # [batch_size, max_drafts + 1]
+    before_stop = torch.cumsum(is_stop.to(torch.int64), dim=1) == 0
+    examined = thinking[:, None] & valid & before_stop
+    natural_end = thinking & (is_stop.any(dim=1) | (bonus == stop_think_id))
+    return examined, natural_end
 
 
 def split_emitted_run(

@@ -9,19 +9,20 @@ Definition
 Let ``q_j`` be the draft probability of the j-th draft token of a request in this step:
 the draft's max-softmax ``exp(max(l) - logsumexp(l))`` of its logits ``l`` under greedy
 drafting (the probability of its own proposal), or ``q(x_j)`` under sampled drafting; for a
-tree node, its probability given its parent. With ``a`` accepted drafts, the per-step
-observation is the mean over the *accepted* run::
+tree node, its probability given its parent. Each *accepted* draft ``r_j`` is observed with
+``q_j``, in token order; the root and the bonus have no draft probability (the draft did not
+propose them) and are not observed (NaN: the smoother skips them). The observations then go
+through the request's smoother (default EWMA, alpha 0.1) and the usual test
+``x_hat > confidence_threshold`` at a paragraph boundary, per token as for the head. The score
+reflects how certain the draft is on text that the target agreed with; it is not a calibrated
+probability of a correct answer, and the confidence threshold should be tuned for this source
+(the head's default 0.8 is a starting point, not a calibrated value).
 
-    x_t = (1 / a) * sum_{j=1..a} q_j            (a >= 1)
-    x_t = NaN  ("no observation")               (a == 0)
-
-``x_t`` then goes through the request's smoother (default EWMA, alpha 0.1) and the usual
-test ``x_hat > confidence_threshold`` at a paragraph boundary. The root and the bonus have
-no draft probability (the draft did not propose them) and are not part of the mean. A step
-with no accepted draft pushes nothing (the smoother skips non-finite observations), so the
-score reflects how certain the draft is on text that the target agreed with; it is not a
-calibrated probability of a correct answer, and the confidence threshold should be tuned
-for this source (the head's default 0.8 is a starting point, not a calibrated value).
+**Not a function of the tokens alone.** Which committed tokens were drafted (and at which
+draft depth, i.e. from which draft features) depends on how the tokens were split into
+steps: the verify width, D-Cut's tier and draft-off steps, the batch. So with this source
+the exit token can move with D-Cut and the load, unlike the head's signal, which is read
+from the target's own hidden state at every committed token (docs/algorithms.md).
 
 Imports: torch and stdlib only (no sglang).
 """
@@ -100,54 +101,33 @@ def max_softmax(
     return 1.0 / torch.exp(shifted).sum(dim=-1)
 
 
-def draft_confidence_observation(
+def draft_confidence_signals(
     draft_probs: torch.Tensor,  # [batch_size, max_drafts]
-    num_accepted: torch.Tensor,  # [batch_size]
-) -> torch.Tensor:  # [batch_size]
-    """Mean draft probability over each request's accepted drafts (NaN when none).
+    width: int,
+) -> torch.Tensor:  # [batch_size, width, NUM_SIGNALS]
+    """Per-token observations of one step in the fixed signal columns: confidence, NaN elsewhere.
+
+    Column ``j`` is the observation of ``r_j``: ``q_j`` for an accepted draft (``j >= 1``),
+    NaN for the root (the draft did not propose it). Columns past a request's ``a`` are
+    ignored by ``SpecExitState.step``. Ready for ``SpecExitState.step`` in place of the
+    head's decoded signals.
 
     Parameters
     ----------
     draft_probs : torch.Tensor
-        ``[batch_size, max_drafts]``: ``draft_probs[b, j - 1]`` is ``q_j`` of the j-th
-        draft on the accepted path; entries past ``num_accepted[b]`` are ignored.
-    num_accepted : torch.Tensor
-        ``[batch_size]`` accepted drafts ``a``.
-
-    Returns
-    -------
-    torch.Tensor
-        ``[batch_size]`` observations ``x_t``.
+        ``[batch_size, max_drafts]``: ``draft_probs[b, j - 1]`` is ``q_j`` of the j-th draft
+        on the accepted path.
+    width : int
+        Columns of the result, ``1 + max_drafts`` or fewer (the longest run ``r_0..r_a``).
 
     Examples
     --------
-    >>> p = torch.tensor([[0.5, 1.0, 0.2], [0.9, 0.1, 0.1]])
-    >>> draft_confidence_observation(p, torch.tensor([2, 0])).tolist()
-    [0.75, nan]
+    >>> draft_confidence_signals(torch.tensor([[0.5, 1.0]]), width=3)[:, :, 0].tolist()
+    [[nan, 0.5, 1.0]]
     """
     probs = draft_probs.to(torch.promote_types(draft_probs.dtype, torch.float32))
-    count = num_accepted.to(device=probs.device, dtype=torch.int64)
-    on_run = torch.arange(probs.shape[1], device=probs.device)[None, :] < count[:, None]
-    total = torch.where(on_run, probs, torch.zeros_like(probs)).sum(dim=1)
-    return total / count.to(probs.dtype)  # 0 / 0 = NaN: no observation
-
-
-def draft_confidence_signals(
-    draft_probs: torch.Tensor,  # [batch_size, max_drafts]
-    num_accepted: torch.Tensor,  # [batch_size]
-) -> torch.Tensor:  # [batch_size, NUM_SIGNALS]
-    """Per-step observations in the fixed signal columns: confidence, NaN elsewhere.
-
-    Ready for ``SpecExitState.observe`` in place of the head's decoded signals.
-
-    Examples
-    --------
-    >>> draft_confidence_signals(torch.tensor([[0.5, 1.0]]), torch.tensor([2])).tolist()
-    [[0.75, nan, nan]]
-    """
-    observation = draft_confidence_observation(draft_probs, num_accepted)  # [batch_size]
-    out = torch.full(
-        (observation.shape[0], NUM_SIGNALS), float("nan"), dtype=observation.dtype, device=observation.device
-    )
-    out[:, int(Signal.CONFIDENCE)] = observation
+    batch_size = probs.shape[0]
+    out = torch.full((batch_size, width, NUM_SIGNALS), float("nan"), dtype=probs.dtype, device=probs.device)
+    columns = min(width - 1, probs.shape[1])
+    out[:, 1 : 1 + columns, int(Signal.CONFIDENCE)] = probs[:, :columns]
     return out

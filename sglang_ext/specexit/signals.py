@@ -325,41 +325,40 @@ def mean_over_segments(
     return sums / counts[:, None]
 
 
-def mean_over_strided_prefix(
+def strided_token_columns(
     values: torch.Tensor,  # [batch_size * stride, num_signals]
-    lengths: torch.Tensor,  # [batch_size]
+    batch_size: int,
     stride: int,
-) -> torch.Tensor:  # [batch_size, num_signals]
-    """Per-request mean over the first ``lengths[b]`` rows of a strided window.
+    width: int,
+) -> torch.Tensor:  # [batch_size, width, num_signals]
+    """The first ``width`` rows of each request's strided verify window, one column per token.
 
     This is the verify-window layout of SGLang: request ``b`` owns rows
-    ``b * stride .. b * stride + stride - 1`` and the committed positions (root + accepted
-    drafts) are its first ``accept_lens[b]`` rows. Rows past the prefix are ignored even if
-    they hold NaN. A zero length gives NaN.
+    ``b * stride .. b * stride + stride - 1`` and its committed positions (root + accepted
+    drafts, front-compacted for trees) are its first ``accept_lens[b]`` rows. Column ``j`` of
+    the result is the row of ``r_j``; columns past a request's ``a`` hold whatever the window
+    held there (``SpecExitState.step`` ignores them).
 
     Parameters
     ----------
     values : torch.Tensor
-        ``[batch_size * stride, num_signals]`` floating values.
-    lengths : torch.Tensor
-        ``[batch_size]`` integer prefix lengths, ``0 <= lengths[b] <= stride``.
-    stride : int
-        Rows per request (``speculative_num_draft_tokens``).
+        ``[batch_size * stride, num_signals]`` per-row values.
+    batch_size, stride : int
+        Requests and rows per request (``speculative_num_draft_tokens``).
+    width : int
+        Columns to keep, ``1 <= width <= stride`` (the longest possible run ``r_0..r_a``).
 
     Returns
     -------
     torch.Tensor
-        ``[batch_size, num_signals]`` means.
+        ``[batch_size, width, num_signals]`` (a view when possible).
 
     Examples
     --------
-    >>> v = torch.tensor([[1.0], [3.0], [float("nan")], [4.0], [8.0], [9.0]])
-    >>> mean_over_strided_prefix(v, torch.tensor([2, 1]), stride=3).tolist()
-    [[2.0], [4.0]]
+    >>> v = torch.tensor([[1.0], [3.0], [5.0], [4.0], [8.0], [9.0]])
+    >>> strided_token_columns(v, batch_size=2, stride=3, width=2)[:, :, 0].tolist()
+    [[1.0, 3.0], [4.0, 8.0]]
     """
-    batch_size = lengths.numel()
-    windows = values.view(batch_size, stride, values.shape[1])  # [batch_size, stride, num_signals]
-    lengths = lengths.to(device=values.device, dtype=torch.int64)
-    in_prefix = torch.arange(stride, device=values.device)[None, :] < lengths[:, None]
-    sums = torch.where(in_prefix[:, :, None], windows, torch.zeros_like(windows)).sum(dim=1)
-    return sums / lengths.to(values.dtype)[:, None]
+    if not 1 <= width <= stride:
+        raise ValueError(f"width must be in 1..{stride}, got {width}")
+    return values[: batch_size * stride].view(batch_size, stride, values.shape[1])[:, :width]

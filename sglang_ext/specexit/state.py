@@ -3,19 +3,23 @@
 One :class:`SpecExitState` lives in the worker, sized ``max_slots`` (the request-to-token
 pool size). A request is :meth:`SpecExitState.reset` into its slot when it is admitted
 (this also erases whatever an earlier request left there). Each verify step of a batch then
-runs, for ``req_pool_indices`` ``[batch_size]``:
+runs, for ``req_pool_indices`` ``[batch_size]``, one call
 
-1. ``decision = state.decide(req_pool_indices, root_ids, accepted_ids, bonus_ids)``:
-   reads the scores smoothed up to the previous step; changes nothing.
-2. The engine applies the cut of ``decision`` (docs/sglang_internals.md#the-specexit-cut) and computes
-   this step's signals over the committed positions (root + accepted drafts).
-3. ``state.observe(req_pool_indices, decision, signals)``: cuts ``paragraph_mean``
-   histories where a boundary was evaluated, pushes the signals of requests still thinking,
-   advances think-token counts and clears the thinking flag of exited/finished requests.
+``decision = state.step(req_pool_indices, root_ids, accepted_ids, bonus_ids, observations)``
 
-:meth:`SpecExitState.step` runs 1 and 3 together. The decisions are a deterministic function
-of the resets and the per-step inputs, so a log of (resets, per-step tokens and signals)
-replays to the same decisions. No step function synchronises with the host.
+with ``observations`` ``[batch_size, max_drafts + 1, NUM_SIGNALS]``: one observation per
+committed token ``r_0..r_a`` (docs/algorithms.md#specexit-step-procedure). In token order, for
+each examined position j (a thinking token, see ``criterion.examined_positions``) it pushes the
+observation of ``r_j``, runs the exit test on the smoothed scores and, if ``r_j`` is a
+boundary, cuts ``paragraph_mean`` histories; then ``criterion.decide_exit`` picks the exit
+position from the per-position test results and the guards, and the think-token counts and
+thinking flags are committed. The engine applies the cut of the decision afterwards.
+
+Because every token is pushed and tested in token order, the smoothed scores and the
+decision at a token depend only on the request's tokens and per-token observations up to
+it: splitting the same tokens into steps differently (another verify width, D-Cut tier,
+draft-off step, batch) gives the same exit token. The loop runs over the ``max_drafts + 1``
+columns, each iteration batched over the requests (no loop per request, no host sync).
 
 Imports: torch and stdlib only (no sglang).
 """
@@ -28,11 +32,12 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from sglang_ext.specexit.criterion import (
-    NO_BOUNDARY,
     NO_MAX_THINK,
     ExitDecision,
     decide_exit,
+    examined_positions,
     signal_test,
+    step_run,
 )
 from sglang_ext.specexit.defaults import MAX_WINDOW
 from sglang_ext.specexit.overrides import SpecExitOptions
@@ -65,17 +70,20 @@ class SpecExitState:
 
     Examples
     --------
-    One request in slot 3, confidence only, EWMA alpha 0.5, boundary id 7, stop id 9:
+    One request in slot 3, confidence only, EWMA alpha 0.5, threshold 0.8, boundary id 7,
+    stop id 9. The tokens 5, 4, 7 come with confidences 0.5, 0.9, 0.9: the EWMA is 0.5, 0.7,
+    0.8 (not > 0.8) at the boundary; the next boundary, after one more 0.9, has 0.9 and exits.
 
     >>> from sglang_ext.specexit.overrides import SpecExitOptions
     >>> state = SpecExitState.allocate(max_slots=4, boundary_ids=[7], stop_think_id=9)
     >>> state.reset([3], [SpecExitOptions(method="confidence", ewma_alpha=0.5)], think_tokens=1)
     >>> slots = torch.tensor([3])
-    >>> signals = torch.tensor([[0.9, float("nan"), float("nan")]])
-    >>> d = state.step(slots, torch.tensor([5]), torch.tensor([[4, 7]]), torch.tensor([4]), signals)
-    >>> d.exit.tolist()  # no observation before this step: cannot exit yet
-    [False]
-    >>> d = state.step(slots, torch.tensor([4]), torch.tensor([[7, 4]]), torch.tensor([4]), signals)
+    >>> def obs(*conf):
+    ...     return torch.tensor([[[c, float("nan"), float("nan")] for c in conf]])
+    >>> d = state.step(slots, torch.tensor([5]), torch.tensor([[4, 7]]), torch.tensor([4]), obs(0.5, 0.9, 0.9))
+    >>> d.exit.tolist(), d.first_boundary.tolist()
+    ([False], [2])
+    >>> d = state.step(slots, torch.tensor([4]), torch.tensor([[7, 4]]), torch.tensor([4]), obs(0.9, 0.9, 0.9))
     >>> d.exit.tolist(), d.keep_drafts.tolist(), state.thinking[3].item()
     ([True], [1], False)
     """
@@ -257,16 +265,30 @@ class SpecExitState:
         values, defined = self.smoother.scores(index)
         return signal_test(values, defined, self.active_signals[index], self.thresholds[index])
 
-    def decide(
+    def step(
         self,
         req_pool_indices: torch.Tensor,  # [batch_size]
         root_ids: torch.Tensor,  # [batch_size]
         accepted_ids: torch.Tensor,  # [batch_size, max_drafts], PAD_TOKEN after the a drafts
         bonus_ids: torch.Tensor,  # [batch_size]
+        observations: Optional[torch.Tensor] = None,  # [batch_size, max_drafts + 1, NUM_SIGNALS]
     ) -> ExitDecision:
-        """This step's exit decisions, from the state after the previous step (read-only).
+        """Observe, test and decide one verify step, token by token (see the module docstring).
 
-        See :func:`sglang_ext.specexit.criterion.decide_exit` for the rules.
+        Parameters
+        ----------
+        req_pool_indices : torch.Tensor
+            ``[batch_size]`` slots, no duplicates.
+        root_ids, accepted_ids, bonus_ids : torch.Tensor
+            The committed run ``r_0``, ``r_1..r_a`` (``PAD_TOKEN`` after) and the bonus.
+        observations : torch.Tensor, optional
+            ``[batch_size, max_drafts + 1, NUM_SIGNALS]`` the observation of each committed
+            token ``r_j`` (NaN where a signal has none; columns past ``a`` are ignored). None
+            pushes nothing: the guards still run, signal exits use the scores as they are.
+
+        Returns
+        -------
+        ExitDecision
 
         Examples
         --------
@@ -274,76 +296,43 @@ class SpecExitState:
 
         >>> state = SpecExitState.allocate(2, [7], 9)
         >>> state.reset([0], [SpecExitOptions(max_think_tokens=3, max_think_grace=0)], think_tokens=1)
-        >>> d = state.decide(torch.tensor([0]), torch.tensor([5]), torch.tensor([[5, 5, 5]]),
-        ...                  torch.tensor([5]))
-        >>> d.exit.tolist(), d.keep_drafts.tolist(), d.reason.tolist()
-        ([True], [2], [2])
+        >>> d = state.step(torch.tensor([0]), torch.tensor([5]), torch.tensor([[5, 5, 5]]), torch.tensor([5]))
+        >>> d.exit.tolist(), d.keep_drafts.tolist(), d.reason.tolist(), state.think_tokens[0].item()
+        ([True], [2], [2], 4)
         """
-        index = as_slot_index(req_pool_indices, self.thinking.device)
-        return decide_exit(
-            thinking=self.thinking[index],
-            root_ids=root_ids,
-            accepted_ids=accepted_ids,
+        device = self.thinking.device
+        index = as_slot_index(req_pool_indices, device)
+        accepted = accepted_ids.to(device=device, dtype=torch.int64)
+        run, valid = step_run(root_ids.to(device), accepted)  # [batch_size, max_drafts + 1]
+        thinking = self.thinking[index]  # [batch_size]
+        examined, _ = examined_positions(thinking, run, valid, bonus_ids, self.stop_think_id)
+        boundary = torch.isin(run, self.boundary_ids) & examined  # [batch_size, max_drafts + 1]
+        active = self.active_signals[index]  # [batch_size, NUM_SIGNALS]
+        thresholds = self.thresholds[index]  # [batch_size, NUM_SIGNALS]
+        if observations is not None and observations.shape[:2] != run.shape:
+            raise ValueError(f"observations must be [batch_size, max_drafts + 1, NUM_SIGNALS] = "
+                             f"[{run.shape[0]}, {run.shape[1]}, {NUM_SIGNALS}], got {list(observations.shape)}")
+        passes = []
+        for j in range(run.shape[1]):
+            if observations is not None:
+                self.smoother.push(index, observations[:, j], examined[:, j])
+            values, defined = self.smoother.scores(index)
+            passes.append(signal_test(values, defined, active, thresholds))
+            self.smoother.paragraph_cut(index, boundary[:, j])
+        decision = decide_exit(
+            thinking=thinking,
+            root_ids=run[:, 0],
+            accepted_ids=accepted,
             bonus_ids=bonus_ids,
             think_tokens=self.think_tokens[index],
-            signals_pass=self.signals_pass(index),
+            signals_pass=torch.stack(passes, dim=1),
             min_think_tokens=self.min_think_tokens[index],
             max_think_tokens=self.max_think_tokens[index],
             max_think_grace=self.max_think_grace[index],
             boundary_ids=self.boundary_ids,
             stop_think_id=self.stop_think_id,
         )
-
-    def observe(
-        self,
-        req_pool_indices: torch.Tensor,  # [batch_size]
-        decision: ExitDecision,
-        signals: Optional[torch.Tensor] = None,  # [batch_size, NUM_SIGNALS]
-    ) -> None:
-        """Commit a step: paragraph cuts, signal pushes, think counts, thinking flags.
-
-        Parameters
-        ----------
-        req_pool_indices : torch.Tensor
-            ``[batch_size]`` the slots passed to :meth:`decide`.
-        decision : ExitDecision
-            What :meth:`decide` returned for this step.
-        signals : torch.Tensor, optional
-            ``[batch_size, NUM_SIGNALS]`` this step's observations (mean over root +
-            accepted drafts, NaN where unused). Only requests still thinking are pushed;
-            None pushes nothing.
-
-        Examples
-        --------
-        >>> state = SpecExitState.allocate(1, [7], 9)
-        >>> state.reset([0], [SpecExitOptions()], think_tokens=1)
-        >>> d = state.decide(torch.tensor([0]), torch.tensor([5]), torch.tensor([[5, -1]]),
-        ...                  torch.tensor([5]))
-        >>> state.observe(torch.tensor([0]), d, torch.tensor([[0.9, 0.5, 20.0]]))
-        >>> state.thinking[0].item(), state.think_tokens[0].item()  # 1 + (r_1, bonus)
-        (True, 3)
-        """
-        index = as_slot_index(req_pool_indices, self.thinking.device)
-        evaluated = decision.first_boundary != NO_BOUNDARY  # [batch_size]
-        self.smoother.paragraph_cut(index, evaluated)
-        still_thinking = decision.still_thinking  # [batch_size]
-        if signals is not None:
-            self.smoother.push(index, signals, still_thinking)
         counts = self.think_tokens[index]
-        self.think_tokens[index] = torch.where(
-            decision.was_thinking, counts + decision.emitted_len, counts
-        )
-        self.thinking[index] = still_thinking
-
-    def step(
-        self,
-        req_pool_indices: torch.Tensor,  # [batch_size]
-        root_ids: torch.Tensor,  # [batch_size]
-        accepted_ids: torch.Tensor,  # [batch_size, max_drafts]
-        bonus_ids: torch.Tensor,  # [batch_size]
-        signals: Optional[torch.Tensor] = None,  # [batch_size, NUM_SIGNALS]
-    ) -> ExitDecision:
-        """:meth:`decide` then :meth:`observe` for one verify step (see the class example)."""
-        decision = self.decide(req_pool_indices, root_ids, accepted_ids, bonus_ids)
-        self.observe(req_pool_indices, decision, signals)
+        self.think_tokens[index] = torch.where(decision.was_thinking, counts + decision.emitted_len, counts)
+        self.thinking[index] = decision.still_thinking
         return decision

@@ -129,16 +129,60 @@ def test_not_thinking_is_never_touched():
 @pytest.mark.parametrize(
     "root, accepted, bonus",
     [
-        (T, [7, STOP, T], T),  # already accepted, after a boundary
+        (T, [T, STOP, 7], T),  # accepted, a boundary after it (answer text)
         (T, [STOP], T),  # accepted as the only draft
-        (T, [7, T], STOP),  # as the bonus
+        (T, [T, T], STOP),  # as the bonus
         (STOP, [7], T),  # as the root (e.g. the prefill token)
     ],
 )
 def test_stop_token_among_the_step_tokens_is_a_natural_end(root, accepted, bonus):
-    d = decide_one(root, accepted, bonus, max_think=1, grace=0)
+    d = decide_one(root, accepted, bonus)
     assert d["natural"] and not d["exit"] and not d["still"]
     assert d["keep"] == len(accepted) and d["reason"] == ExitReason.NONE and d["first"] == NO_BOUNDARY
+
+
+@pytest.mark.parametrize(
+    "root, accepted, bonus, keep",
+    [
+        (T, [7, STOP, T], T, 1),  # a boundary before an accepted stop token
+        (T, [T, 7], STOP, 2),  # the last accepted draft is a boundary, the bonus is the stop token
+        (8, [STOP], T, 0),  # the root is a boundary
+    ],
+)
+def test_a_boundary_before_the_stop_token_is_examined_and_can_exit(root, accepted, bonus, keep):
+    # Per token: whether the stop token arrives in the same step as the boundary or later must
+    # not matter, so the boundary is examined first and an exit there wins.
+    d = decide_one(root, accepted, bonus)
+    assert d["exit"] and d["keep"] == keep and d["reason"] == ExitReason.SIGNALS
+    assert not d["natural"] and not d["still"] and d["first"] == keep
+    failing = decide_one(root, accepted, bonus, passes=False)
+    assert failing["natural"] and not failing["exit"] and failing["keep"] == len(accepted)
+
+
+def test_max_think_never_forces_at_or_after_the_stop_token():
+    # n_j = 100 + j >= M + G everywhere: the root is forced; with the stop token as the root nothing is
+    assert decide_one(T, [T, STOP], T, max_think=1, grace=0)["keep"] == 0
+    d = decide_one(STOP, [T, T], T, max_think=1, grace=0)
+    assert d["natural"] and not d["exit"]
+
+
+def test_signals_pass_per_position():
+    # Boundaries at j = 1 and j = 3; the test passes only at j = 3.
+    row = [7, T, 8, PAD_TOKEN]
+    d = decide_exit(
+        thinking=torch.tensor([True]),
+        root_ids=torch.tensor([T]),
+        accepted_ids=torch.tensor([row]),
+        bonus_ids=torch.tensor([T]),
+        think_tokens=torch.tensor([10]),
+        signals_pass=torch.tensor([[True, False, True, True, True]]),
+        min_think_tokens=torch.tensor([0]),
+        max_think_tokens=torch.tensor([NO_MAX_THINK]),
+        max_think_grace=torch.tensor([0]),
+        boundary_ids=torch.tensor(BOUNDARY),
+        stop_think_id=STOP,
+    )
+    assert d.exit.tolist() == [True] and d.keep_drafts.tolist() == [3] and d.first_boundary.tolist() == [1]
 
 
 def test_pad_entries_never_match_stop_or_boundary():
@@ -378,7 +422,7 @@ def test_one_token_verify_without_drafts():
     assert accepted.shape == (3, 0) and bonus.tolist() == [21, 22, 151668]
     d = decide_exit(
         thinking=torch.tensor([True, True, True]),
-        root_ids=torch.tensor([11, 12, 11]),  # request 0 and 2 sit on the boundary token 11
+        root_ids=torch.tensor([11, 12, 13]),  # request 0 sits on the boundary token 11
         accepted_ids=accepted,
         bonus_ids=bonus,
         think_tokens=torch.tensor([50, 50, 50]),

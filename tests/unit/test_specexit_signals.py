@@ -1,4 +1,4 @@
-"""SpecExit signals: method grammar, checkpoint rows, decoding, per-step means.
+"""SpecExit signals: method grammar, checkpoint rows, decoding, segment means, per-token columns.
 
 Pure: no sglang import. Expected values are hand-computed (docs/algorithms.md#specexit-signals).
 Budget: < 5 s.
@@ -19,8 +19,8 @@ from sglang_ext.specexit.signals import (
     SpecExitMethodError,
     decode_signals,
     mean_over_segments,
-    mean_over_strided_prefix,
     parse_method,
+    strided_token_columns,
 )
 
 NAN = float("nan")
@@ -183,10 +183,15 @@ def test_mean_over_segments_matches_a_loop_on_random_ragged_input():
                     assert out[b, c].item() == pytest.approx(sum(r[c] for r in rows) / len(rows), rel=1e-12)
 
 
-def test_mean_over_strided_prefix_ignores_rows_past_the_prefix():
-    # Verify-window layout, N = 3: request 0 commits 2 rows, request 1 commits 3.
-    values = torch.tensor([[2.0], [4.0], [NAN], [1.0], [2.0], [6.0]])
-    out = mean_over_strided_prefix(values, torch.tensor([2, 3]), stride=3)
-    assert out.tolist() == [[3.0], [3.0]]
-    zero = mean_over_strided_prefix(values, torch.tensor([0, 1]), stride=3)
-    assert math.isnan(zero[0, 0].item()) and zero[1, 0].item() == 1.0
+def test_strided_token_columns_gives_one_column_per_committed_token():
+    # Verify-window layout, N = 3, two requests: column j is the row of r_j of each request.
+    values = torch.tensor([[2.0, 20.0], [4.0, 40.0], [NAN, NAN], [1.0, 10.0], [2.0, 20.0], [6.0, 60.0]])
+    out = strided_token_columns(values, batch_size=2, stride=3, width=2)
+    assert out.shape == (2, 2, 2)
+    assert out[0].tolist() == [[2.0, 20.0], [4.0, 40.0]] and out[1].tolist() == [[1.0, 10.0], [2.0, 20.0]]
+    # rows beyond batch_size * stride (a padded graph replay) are ignored
+    full = torch.arange(12.0).view(6, 2)
+    padded = torch.cat([full, torch.full((3, 2), 99.0)])
+    assert torch.equal(strided_token_columns(padded, 2, 3, 3), full.view(2, 3, 2))
+    with pytest.raises(ValueError, match="width must be in 1..3"):
+        strided_token_columns(values, 2, 3, 4)

@@ -1,10 +1,12 @@
-"""SpecExitState: lifecycle by hand, slot reuse, batched == scalar reference, exact replay.
+"""SpecExitState: lifecycle by hand, slot reuse, batched == scalar reference, per-token invariance, replay.
 
 Pure: no sglang import. The scalar reference below re-implements docs/algorithms.md#specexit (and
-the project rules stated in ``criterion.py``) one request at a time with plain Python lists;
-the batched state must reproduce its decisions on 200 random multi-request runs with slot
-reuse, mixed per-request options, NaN signals, stop tokens and guards.
-Budget: < 20 s.
+the project rules stated in ``criterion.py``) one request and one token at a time with plain
+Python lists; the batched state must reproduce its decisions on 200 random multi-request runs
+with slot reuse, mixed per-request options, NaN signals, stop tokens and guards. The invariance
+test splits the same token streams into steps in many ways (widths, draft-off steps, batches)
+and requires the same exit token and the same scores.
+Budget: < 30 s.
 """
 
 import json
@@ -31,13 +33,18 @@ def signals(confidence=NAN, progress=NAN, remain=NAN):
 
 
 def one_step(state, slot, root, accepted, bonus, obs, width=4):
+    """One request's step. ``obs``: one signal triple for every token of the run, or a list of
+    triples, one per token r_0..r_a."""
     row = list(accepted) + [PAD_TOKEN] * (width - len(accepted))
+    per_token = obs if isinstance(obs[0], list) else [obs] * (len(accepted) + 1)
+    assert len(per_token) == len(accepted) + 1
+    per_token = per_token + [signals()] * (width + 1 - len(per_token))
     return state.step(
         torch.tensor([slot]),
         torch.tensor([root]),
         torch.tensor([row]),
         torch.tensor([bonus]),
-        torch.tensor([obs], dtype=torch.float64),
+        torch.tensor([per_token], dtype=torch.float64),
     )
 
 
@@ -48,24 +55,21 @@ def new_state(max_slots=4):
 # --- hand-computed lifecycles -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind, exits_at_step_4", [("paragraph_mean", True), ("mean", False)])
-def test_paragraph_cut_changes_the_decision(kind, exits_at_step_4):
-    # confidence only, threshold 0.5, W = 3. Observations 0.25, 0.25, then 1.0.
-    # paragraph_mean: step 3 has a boundary -> test on mean(0.25, 0.25) = 0.25 fails, cut -> [0.25],
-    #   push 1.0 -> [0.25, 1.0] = 0.625 > 0.5 -> step 4 exits at its boundary.
-    # mean: [0.25, 0.25, 1.0] = 0.5, not > 0.5 -> no exit.
+@pytest.mark.parametrize("kind, exits", [("paragraph_mean", True), ("mean", False)])
+def test_paragraph_cut_changes_the_decision(kind, exits):
+    # confidence only, threshold 0.5, W = 4. Tokens T, T | 7, T, 8 with 0.25, 0.25 | 0.25, 1.0, 0.5.
+    # At the boundary 7 both means are 0.25 (fail); paragraph_mean keeps only 7's 0.25.
+    # At the boundary 8: paragraph_mean (0.25 + 1.0 + 0.5) / 3 = 0.583 > 0.5 -> exit, keep 2;
+    # mean of the last 4 = (0.25 + 0.25 + 1.0 + 0.5) / 4 = 0.5, not > 0.5 -> no exit.
     state = new_state()
-    options = SpecExitOptions(method="confidence", smoothing=kind, window=3, confidence_threshold=0.5)
+    options = SpecExitOptions(method="confidence", smoothing=kind, window=4, confidence_threshold=0.5)
     state.reset([1], [options], think_tokens=1)
-    d1 = one_step(state, 1, T, [T], T, signals(0.25))
-    d2 = one_step(state, 1, T, [T], T, signals(0.25))
-    d3 = one_step(state, 1, T, [7, T], T, signals(1.0))
-    assert [bool(d.exit) for d in (d1, d2, d3)] == [False, False, False]
-    assert int(d3.first_boundary) == 1
-    d4 = one_step(state, 1, T, [T, 8, T], T, signals(0.0))
-    assert bool(d4.exit) == exits_at_step_4
-    assert int(d4.keep_drafts) == (2 if exits_at_step_4 else 3)
-    assert bool(state.thinking[1]) == (not exits_at_step_4)
+    d1 = one_step(state, 1, T, [T], 7, [signals(0.25), signals(0.25)])
+    assert not bool(d1.exit) and int(d1.first_boundary) == NO_BOUNDARY
+    d2 = one_step(state, 1, 7, [T, 8], T, [signals(0.25), signals(1.0), signals(0.5)])
+    assert int(d2.first_boundary) == 0
+    assert bool(d2.exit) == exits and int(d2.keep_drafts) == 2
+    assert bool(state.thinking[1]) == (not exits)
 
 
 def test_think_tokens_count_emitted_tokens_and_drive_min_think():
@@ -83,20 +87,23 @@ def test_think_tokens_count_emitted_tokens_and_drive_min_think():
     assert not bool(state.thinking[0])
 
 
-def test_first_decode_step_cannot_exit_on_signals_and_ewma_exits_after_one_observation():
+def test_the_boundary_token_own_observation_counts_and_ewma_can_exit_at_the_first_token():
     state = new_state()
-    state.reset([0], [SpecExitOptions()])
-    d = one_step(state, 0, 7, [8], T, signals(0.99, 0.99, 1.0))
-    assert not bool(d.exit) and int(d.first_boundary) == 0
-    d = one_step(state, 0, 7, [], T, signals(0.0, 0.0, 1e9))
+    state.reset([0, 1], [SpecExitOptions()] * 2)
+    # slot 0: the very first token is a boundary whose own observation passes -> exit at once
+    d = one_step(state, 0, 7, [T], T, [signals(0.99, 0.99, 1.0), signals(0.0, 0.0, 1e9)])
     assert bool(d.exit) and int(d.keep_drafts) == 0
+    # slot 1: the boundary token's observation is missing (NaN): nothing defined, no exit;
+    # the next token's observation does not reach back to it
+    d = one_step(state, 1, 7, [T], T, [signals(), signals(0.99, 0.99, 1.0)])
+    assert not bool(d.exit) and int(d.first_boundary) == 0
 
 
 def test_natural_end_stops_everything_and_is_final():
     state = new_state()
     state.reset([0], [SpecExitOptions(method="confidence", ewma_alpha=1.0)])
-    one_step(state, 0, T, [T], T, signals(0.99))
-    d = one_step(state, 0, T, [7, STOP], T, signals(0.99))
+    one_step(state, 0, T, [T], T, signals(0.5))
+    d = one_step(state, 0, T, [7, STOP], T, signals(0.5))  # the boundary fails: the stop token ends it
     assert bool(d.natural_end) and not bool(d.exit) and not bool(state.thinking[0])
     d = one_step(state, 0, 7, [7], T, signals(0.99))  # the answer phase: never exited
     assert not bool(d.exit) and not bool(d.natural_end) and int(d.first_boundary) == NO_BOUNDARY
@@ -106,11 +113,12 @@ def test_nan_signals_never_pass_and_do_not_poison_the_smoother():
     state = new_state()
     state.reset([0], [SpecExitOptions(method="confidence_remain", ewma_alpha=0.5)])
     one_step(state, 0, T, [T], T, signals(NAN, NAN, NAN))
-    d = one_step(state, 0, 7, [T], T, signals(0.9, NAN, 10.0))  # nothing defined before this step
+    d = one_step(state, 0, 7, [T], T, [signals(0.9, NAN, NAN), signals(0.9, NAN, 10.0)])  # no remain at 7
     assert not bool(d.exit)
     values, defined = state.scores(torch.tensor([0]))
     assert defined.tolist() == [[True, False, True]] and values[0, 0].item() == 0.9
     one_step(state, 0, T, [T], T, signals(NAN, 0.1, NAN))  # skipped for both used signals
+    assert state.scores(torch.tensor([0]))[0][0].tolist()[0::2] == [0.9, 10.0]
     d = one_step(state, 0, 7, [T], T, signals(0.9, NAN, 10.0))
     assert bool(d.exit) and int(d.reason) == ExitReason.SIGNALS
 
@@ -124,7 +132,7 @@ def test_disabled_or_non_reasoning_requests_are_never_touched():
             torch.tensor([7, 7]),
             torch.tensor([[8, 7], [8, 7]]),
             torch.tensor([T, T]),
-            torch.tensor([signals(0.99, 0.99, 1.0)] * 2, dtype=torch.float64),
+            torch.tensor([[signals(0.99, 0.99, 1.0)] * 3] * 2, dtype=torch.float64),
         )
         assert d.exit.tolist() == [False, False] and d.keep_drafts.tolist() == [2, 2]
     assert state.scores(torch.tensor([0, 1]))[1].any().item() is False
@@ -136,28 +144,31 @@ def test_slot_reuse_does_not_leak_state():
     state.reset([2], [eager], think_tokens=1)
     one_step(state, 2, T, [T], T, signals(0.99))
     state.reset([2], [SpecExitOptions(method="confidence")], think_tokens=1)
-    # The new request has no observation and no max-think guard: a boundary cannot exit.
-    d = one_step(state, 2, 7, [T, T, T], T, signals(0.99))
+    values, defined = state.scores(torch.tensor([2]))
+    assert not defined.any()
+    # The new request has no max-think guard and fails its threshold (0.5 < 0.8): no exit.
+    d = one_step(state, 2, 7, [T, T, T], T, signals(0.5))
     assert not bool(d.exit)
     assert int(state.think_tokens[2]) == 5
 
 
-def test_decide_is_read_only_and_observe_without_signals_pushes_nothing():
+def test_step_without_observations_pushes_nothing_but_still_cuts_paragraphs():
     state = new_state()
     state.reset([0, 3], [SpecExitOptions(smoothing="paragraph_mean")] * 2)
     one_step(state, 0, T, [T], T, signals(0.5, 0.5, 50.0))
-    before = {k: v.clone() for k, v in vars(state.smoother).items()}
-    flags = state.thinking.clone(), state.think_tokens.clone()
-    args = (torch.tensor([0, 3]), torch.tensor([7, T]), torch.tensor([[T], [T]]), torch.tensor([T, T]))
-    first, second = state.decide(*args), state.decide(*args)
-    for name in ("exit", "keep_drafts", "reason", "first_boundary"):
-        assert torch.equal(getattr(first, name), getattr(second, name))
-    for k, v in vars(state.smoother).items():
-        assert torch.equal(v, before[k]), k
-    assert torch.equal(state.thinking, flags[0]) and torch.equal(state.think_tokens, flags[1])
-    state.observe(args[0], first, None)
+    assert state.smoother.length[0].tolist() == [2, 2, 2]
+    d = state.step(torch.tensor([0, 3]), torch.tensor([7, T]), torch.tensor([[T], [T]]), torch.tensor([T, T]))
+    assert d.exit.tolist() == [False, False]
     assert state.smoother.length[3].tolist() == [0, 0, 0]
     assert state.smoother.length[0].tolist() == [1, 1, 1]  # cut at the boundary, no push
+
+
+def test_observations_must_have_one_column_per_run_position():
+    state = new_state()
+    state.reset([0], [SpecExitOptions()])
+    with pytest.raises(ValueError, match=r"\[1, 3, 3\]"):
+        state.step(torch.tensor([0]), torch.tensor([T]), torch.tensor([[T, T]]), torch.tensor([T]),
+                   torch.zeros(1, 2, 3))
 
 
 def test_allocate_rejects_an_empty_boundary_set_and_reset_checks_lengths():
@@ -218,38 +229,38 @@ class RefRequest:
         return bool(used)
 
     def step(self, root, accepted, bonus, obs):
+        """``obs``: one signal triple per token r_0..r_a (entries past a are ignored)."""
         a = len(accepted)
         quiet = dict(exit=False, keep=a, reason=0, natural=False, first=NO_BOUNDARY)
         if not self.thinking:
             return quiet
         run = [root] + accepted
-        if STOP in run or bonus == STOP:
-            self.thinking = False
-            return dict(quiet, natural=True)
-        passes = self.passes()
-        first = next((j for j, tok in enumerate(run) if tok in BOUNDARY), NO_BOUNDARY)
-        exit_at, reason = None, 0
+        first, exit_at, reason = NO_BOUNDARY, None, 0
         max_think, grace = self.o.max_think_tokens, self.o.max_think_grace
         for j, tok in enumerate(run):
+            if tok == STOP:
+                break
+            for p, x in zip(self.predictors, obs[j]):
+                p.push(x)
             n = self.think + j
             is_boundary = tok in BOUNDARY
-            by_signals = is_boundary and n >= self.o.min_think_tokens and passes
+            if is_boundary and first == NO_BOUNDARY:
+                first = j
+            by_signals = is_boundary and n >= self.o.min_think_tokens and self.passes()
             forced = max_think is not None and ((is_boundary and n >= max_think) or n >= max_think + grace)
             if by_signals or forced:
                 exit_at, reason = j, (1 if by_signals else 2)
                 break
-        if first != NO_BOUNDARY:
-            for p in self.predictors:
-                p.cut()
-        if exit_at is None:
-            keep = a
-            for p, x in zip(self.predictors, obs):
-                p.push(x)
-        else:
-            keep = exit_at
+            if is_boundary:
+                for p in self.predictors:
+                    p.cut()
+        natural = exit_at is None and (STOP in run or bonus == STOP)
+        if exit_at is not None or natural:
             self.thinking = False
-        self.think += keep + 1
-        return dict(exit=exit_at is not None, keep=keep, reason=reason, natural=False, first=first)
+        keep = a if exit_at is None else exit_at
+        if self.thinking:
+            self.think += keep + 1
+        return dict(exit=exit_at is not None, keep=keep, reason=reason, natural=natural, first=first)
 
 
 # --- random scenarios -----------------------------------------------------------------------
@@ -287,6 +298,10 @@ def random_signals(rng):
     return [NAN if rng.random() < 0.05 else v for v in values]
 
 
+def random_token_signals(rng, width):
+    return [random_signals(rng) for _ in range(width + 1)]
+
+
 def make_scenario(rng, max_slots=6, steps=20, width=4):
     """Two events per step, both possibly empty: ("reset", slots, options, think_tokens, thinking)
     then ("step", slots, roots, accepted, bonus, signals)."""
@@ -318,7 +333,7 @@ def make_scenario(rng, max_slots=6, steps=20, width=4):
                 [random_token(rng) for _ in batch],
                 accepted,
                 [random_token(rng) for _ in batch],
-                [random_signals(rng) for _ in batch],
+                [random_token_signals(rng, width) for _ in batch],
             )
         )
     return events
@@ -400,7 +415,7 @@ def test_batched_state_equals_the_scalar_reference_on_200_random_runs():
             assert thinking_now[slot] == ref.thinking
             if ref.thinking:
                 assert think_now[slot] == ref.think
-            for c in range(3):
+            for c in range(3 if ref.thinking else 0):
                 score = ref.predictors[c].score()
                 assert defined[i][c] == (score is not None), (t, slot, c)
                 if score is not None:
@@ -456,3 +471,69 @@ def test_replay_from_a_json_log_gives_the_same_decisions():
         for k, v in logged.items():
             assert getattr(again, k).tolist() == v
     assert any(bool(d.exit.any()) for d in decisions)
+
+
+# --- per-token invariance -------------------------------------------------------------------
+
+
+def random_stream(rng, length=80):
+    """A request's thinking tokens and one signal triple per token."""
+    tokens = [random_token(rng) if rng.random() < 0.98 else STOP for _ in range(length)]
+    return tokens, [random_signals(rng) for _ in tokens]
+
+
+def run_chunked(streams, options, rng, widths):
+    """Feed every stream's tokens through one batched state in random steps: each step takes a
+    random subset of the unfinished streams (a batch), a random accepted count per stream
+    (0 = a draft-off step) up to the step's width; returns, per stream, (exit position, reason)
+    or (None, natural end)."""
+    n = len(streams)
+    state = SpecExitState.allocate(n, BOUNDARY, STOP, max_window=16, dtype=torch.float32)
+    state.reset(list(range(n)), options, think_tokens=1)
+    pos = [0] * n
+    outcome = [None] * n
+    while True:
+        live = [i for i in range(n) if outcome[i] is None]
+        if not live:
+            return outcome
+        width = rng.choice(widths)
+        batch = [i for i in live if rng.random() < 0.8] or live[:1]
+        rng.shuffle(batch)
+        roots, accepted, bonus, obs = [], [], [], []
+        for i in batch:
+            tokens, sig = streams[i]
+            room = len(tokens) - pos[i] - 2  # leave a bonus
+            a = min(rng.randint(0, width), max(room, 0))
+            roots.append(tokens[pos[i]])
+            accepted.append(tokens[pos[i] + 1 : pos[i] + 1 + a] + [PAD_TOKEN] * (width - a))
+            bonus.append(tokens[pos[i] + 1 + a])
+            obs.append(sig[pos[i] : pos[i] + 1 + a] + [signals()] * (width - a))
+        d = state.step(torch.tensor(batch), torch.tensor(roots), torch.tensor(accepted, dtype=torch.int64).view(
+            len(batch), width), torch.tensor(bonus), torch.tensor(obs, dtype=torch.float32))
+        for k, i in enumerate(batch):
+            if bool(d.exit[k]):
+                outcome[i] = (pos[i] + int(d.keep_drafts[k]), int(d.reason[k]))
+            elif bool(d.natural_end[k]):
+                outcome[i] = (None, "natural")
+            else:
+                pos[i] += int(d.keep_drafts[k]) + 1
+                if pos[i] + 2 >= len(streams[i][0]):
+                    outcome[i] = (None, "running")
+
+
+def test_the_exit_token_does_not_depend_on_how_tokens_are_split_into_steps():
+    # The issue's property: the same tokens and per-token signals give the same exit token whatever
+    # the verify width (chains of 1..8 drafts), draft-off steps (a = 0), D-Cut's cut of the accepted
+    # run and the batch composition. 150 streams, every smoother, method and guard.
+    rng = random.Random(35)
+    streams = [random_stream(rng) for _ in range(150)]
+    options = [random_options(rng) for _ in streams]
+    options = [SpecExitOptions(**{**o.__dict__, "enable": True}) if not o.enable else o for o in options]
+    one_token = run_chunked(streams, options, random.Random(0), widths=[0])  # one token per step
+    for seed, widths in ((1, [3]), (2, [7]), (3, [0, 1, 3]), (4, [0, 0, 0, 15]), (5, [1, 2, 4, 8])):
+        assert run_chunked(streams, options, random.Random(seed), widths) == one_token, widths
+    kinds = [o[1] for o in one_token]
+    assert kinds.count(ExitReason.SIGNALS) >= 30 and kinds.count(ExitReason.MAX_THINK) >= 5, kinds
+    assert kinds.count("natural") >= 5, kinds
+    by_kind = {SmoothingKind(o.smoothing) for o, out in zip(options, one_token) if out[1] == ExitReason.SIGNALS}
+    assert by_kind == set(SmoothingKind), by_kind

@@ -6,10 +6,11 @@
   request's options from ``sampling_params.custom_params``, decides whether it is thinking
   and resets its request-pool slot of the batched :class:`SpecExitState`;
 * ``after_verify(worker, batch, verify_input, result)`` after every verify (D-Cut, when on,
-  has already run): the exit decision of every thinking request, the cut
+  has already run): the signal of every committed token, pushed and tested token by token
+  with the exit decision of every thinking request (``SpecExitState.step``), the cut
   (:func:`sglang_ext.engine.specexit.cut.apply_exit_cut`, docs/sglang_internals.md#the-specexit-cut),
-  this step's signals pushed into the smoothers, and a step record handed to the scheduler
-  for per-request ``meta_info`` and ``/server_info`` (``specexit_report.py``).
+  and a step record handed to the scheduler for per-request ``meta_info`` and
+  ``/server_info`` (``specexit_report.py``).
 
 Everything in the step path stays on the device: decisions, the cut and the state updates
 are vectorised, so the runner adds no host synchronisation (except with the replay trace,
@@ -24,9 +25,11 @@ it). A prefill-sampled ``</think>`` ends thinking at once.
 **Signals.** With ``--specexit-signal-source head`` the draft's SpecExit rows of ``fc``
 (``LlamaForCausalLMEagle3SpecExit.specexit_logits``) are applied to the target's captured
 EAGLE3 features of the verify window (``logits_output.hidden_states``, rows root..r_a,
-front-compacted for trees); the step value is the mean over the root and the accepted
-drafts, the bonus excluded. With ``draft-confidence`` the draft's own probabilities of the
-accepted drafts are averaged (``sglang_ext.specexit.draft_confidence``), as captured per
+front-compacted for trees): one observation per committed token, the bonus excluded (it is
+the next step's root and observed there). The target computes these hidden states in every
+verify, draft-off steps included, so no deferral delays a signal and the exit is a function
+of the committed tokens. With ``draft-confidence`` each accepted draft is observed with the
+draft's own probability of it (``sglang_ext.specexit.draft_confidence``), as captured per
 verify step by ``sglang_ext.engine.draft_capture``.
 
 **Inactive.** On a model whose tokenizer has no one-token stop-think string (a non-thinking
@@ -71,8 +74,8 @@ from sglang_ext.specexit.signals import (
     SpecExitMethod,
     SpecExitMethodError,
     decode_signals,
-    mean_over_strided_prefix,
     parse_method,
+    strided_token_columns,
 )
 from sglang_ext.specexit.state import SpecExitState
 
@@ -330,10 +333,10 @@ class SpecExitRunner:
 
         roots = verify_input.draft_token.view(bs, -1)[:, 0]  # [bs]
         accepted, bonus = split_emitted_run(result.next_token_ids, result.accept_lens, num_draft)
-        decision = state.decide(slots, roots, accepted, bonus)
+        accepted = accepted[:, : self.max_accepted(worker, num_draft)]  # [bs, longest a]
         remain_before = state.scores(slots)[0][:, int(Signal.REMAIN)]  # [bs], NaN where undefined
-        pre_accept_lens = result.accept_lens.clone()
-        signals = self.step_signals(worker, batch, verify_input, result, pre_accept_lens, decision, num_draft)
+        signals = self.token_signals(worker, batch, verify_input, result, num_draft, accepted.shape[1] + 1)
+        decision = state.step(slots, roots, accepted, bonus, signals)
 
         self._fix_logprobs(batch, result, decision)
         bonus_tokens = result.next_draft_input.bonus_tokens
@@ -341,7 +344,6 @@ class SpecExitRunner:
                        decision.exit, decision.keep_drafts, self.stop_think_id, num_draft,
                        accept_index=result.accept_index,
                        prepared_draft_extend_inputs=result.prepared_draft_extend_inputs)
-        state.observe(slots, decision, signals)
         self._publish(result, decision, remain_before)
         if self.trace_path:
             self._trace({"event": "step", "slots": slots.tolist(), "rids": [r.rid for r in batch.reqs],
@@ -365,31 +367,40 @@ class SpecExitRunner:
                 self._trace({"event": "release", "slots": unknown})
 
     # ---------------------------------------------------------------- signals
-    def step_signals(self, worker, batch, verify_input, result, accept_lens, decision: ExitDecision,
-                     num_draft: int) -> torch.Tensor:
-        """This step's observation per request, ``[bs, NUM_SIGNALS]`` (NaN where unused).
+    @staticmethod
+    def max_accepted(worker, num_draft: int) -> int:
+        """The longest accepted run ``a`` a verify of width ``num_draft`` can commit: chains
+        ``num_draft - 1``; trees (``topk > 1``) at most the draft depth, which is smaller."""
+        longest = num_draft - 1
+        if int(getattr(worker, "topk", 1) or 1) > 1:
+            return min(longest, int(worker.speculative_num_steps))
+        return longest
 
-        ``accept_lens`` are the pre-cut lengths ``a + 1``: root and accepted drafts.
+    def token_signals(self, worker, batch, verify_input, result, num_draft: int, width: int) -> torch.Tensor:
+        """This step's observation of every committed token, ``[bs, width, NUM_SIGNALS]``.
+
+        Column ``j`` belongs to ``r_j`` (root, accepted drafts); NaN where a signal has no
+        value (unused columns, the draft-confidence root); columns past ``a`` are ignored.
         """
-        bs = accept_lens.shape[0]
+        bs = int(result.accept_lens.shape[0])
         device = self.state.thinking.device
         if self.source == DRAFT_CONFIDENCE_SOURCE:
-            probs = self._accepted_draft_probs(worker, batch, verify_input, result, decision, num_draft)
+            probs = self._accepted_draft_probs(worker, batch, verify_input, result, num_draft)
             if probs is None:
-                return torch.full((bs, NUM_SIGNALS), float("nan"), device=device)
-            return draft_confidence_signals(probs, decision.num_accepted).to(device=device, dtype=torch.float32)
-        hidden = result.logits_output.hidden_states  # [bs * N, num_aux * H]
+                return torch.full((bs, width, NUM_SIGNALS), float("nan"), device=device)
+            return draft_confidence_signals(probs, width).to(device=device, dtype=torch.float32)
+        hidden = result.logits_output.hidden_states  # [bs * N, num_aux * H], front-compacted
+        rows = strided_token_columns(hidden, bs, num_draft, width)  # [bs, width, num_aux * H]
         model = self.draft_model(worker)
         with torch.no_grad():
-            raw = model.specexit_logits(hidden[: bs * num_draft])  # [bs * N, checkpoint_k]
-            raw = raw[:, list(self.signal_rows)]  # [bs * N, method.k]
-            values = decode_signals(raw, self.method)  # [bs * N, NUM_SIGNALS]
-            means = mean_over_strided_prefix(values, accept_lens, num_draft)  # [bs, NUM_SIGNALS]
-        return means.to(device=device, dtype=torch.float32)
+            raw = model.specexit_logits(rows.reshape(bs * width, -1))  # [bs * width, checkpoint_k]
+            raw = raw[:, list(self.signal_rows)]  # [bs * width, method.k]
+            values = decode_signals(raw, self.method)  # [bs * width, NUM_SIGNALS]
+        return values.view(bs, width, NUM_SIGNALS).to(device=device, dtype=torch.float32)
 
     _capture_warned = False
 
-    def _accepted_draft_probs(self, worker, batch, verify_input, result, decision, num_draft):
+    def _accepted_draft_probs(self, worker, batch, verify_input, result, num_draft):
         """``[bs, spec_steps]`` draft probabilities along each accepted path, or None if not captured.
 
         Column ``j - 1`` is the draft's probability of the j-th accepted draft given its
