@@ -169,6 +169,94 @@ def held_out_problems(n: int, seed: int) -> List[dict]:
     return [p.to_json() for p in task.generate_problems(n, random.Random(f"specexit-eval-{seed}"), f"e{seed}-")]
 
 
+def training_problems(n: int, seed: int) -> List[dict]:
+    """``n`` task problems of the training stream (the problems whose traces trained the committed
+    testbed models' signal rows with ``--seed 0``): the split to tune SpecExit presets on.
+
+    Examples
+    --------
+    >>> [p["id"] for p in training_problems(2, 0)]
+    ['train-0', 'train-1']
+    """
+    from sglang_ext.testbed import task
+
+    return [p.to_json() for p in task.generate_problems(n, random.Random(f"sglang_ext-traces-{seed}"), "train-")]
+
+
+#: ``--split``: problem set -> (generator, default seed).
+SPLITS = {"eval": (held_out_problems, 2026), "train": (training_problems, 0)}
+
+
+def tune_grid() -> List[Tuple[str, Dict[str, object]]]:
+    """The ``--tune`` candidates: smoother x window (alpha for EWMA) x confidence x progress thresholds.
+
+    ``progress`` ``None`` tests confidence and remain only (method ``confidence_remain``); remain
+    stays at the reference threshold (200 tokens, above every testbed think span).
+
+    Examples
+    --------
+    >>> grid = tune_grid()
+    >>> len(grid), grid[0][0]
+    (96, 'paragraph_mean W5 c>0.7')
+    """
+    smoothers = [("paragraph_mean W5", {"specexit_smoothing": "paragraph_mean", "specexit_window": 5}),
+                 ("paragraph_mean W10", {"specexit_smoothing": "paragraph_mean", "specexit_window": 10}),
+                 ("mean W5", {"specexit_smoothing": "mean", "specexit_window": 5}),
+                 ("mean W10", {"specexit_smoothing": "mean", "specexit_window": 10}),
+                 ("momentum W5", {"specexit_smoothing": "momentum", "specexit_window": 5}),
+                 ("momentum W10", {"specexit_smoothing": "momentum", "specexit_window": 10}),
+                 ("ewma a0.3", {"specexit_smoothing": "ewma", "specexit_ewma_alpha": 0.3}),
+                 ("ewma a0.5", {"specexit_smoothing": "ewma", "specexit_ewma_alpha": 0.5})]
+    grid = []
+    for name, smoothing in smoothers:
+        for confidence in (0.7, 0.8, 0.9):
+            for progress in (None, 0.1, 0.2, 0.3):
+                params = dict(smoothing, specexit_confidence_threshold=confidence, specexit_remain_threshold=200)
+                label = f"{name} c>{confidence}"
+                if progress is None:
+                    params["specexit_method"] = "confidence_remain"
+                else:
+                    params.update(specexit_method="confidence_progress_remain", specexit_progress_threshold=progress)
+                    label += f" p>{progress}"
+                grid.append((label, params))
+    return grid
+
+
+def pick_tuned(rows: Sequence[Mapping[str, object]], baseline: Mapping[str, object]) -> Optional[Mapping[str, object]]:
+    """The candidate with the fewest mean output tokens among those that keep the baseline's
+    accuracy and never exit before the baseline's answer paragraph (None if none does).
+
+    Ties (candidates that exit at the same tokens) go to the most demanding test, which has the
+    most margin on problems it was not tuned on: the highest confidence threshold, then the
+    highest progress threshold (none lowest), then the widest window, then the label.
+
+    Examples
+    --------
+    >>> rows = [{"label": "a", "accuracy": 1.0, "mean_output_tokens": 50.0, "before_answer_rate": 0.0,
+    ...          "custom_params": {"specexit_confidence_threshold": 0.7}},
+    ...         {"label": "b", "accuracy": 0.9, "mean_output_tokens": 30.0, "before_answer_rate": 0.0,
+    ...          "custom_params": {}},
+    ...         {"label": "c", "accuracy": 1.0, "mean_output_tokens": 40.0, "before_answer_rate": 0.1,
+    ...          "custom_params": {}},
+    ...         {"label": "d", "accuracy": 1.0, "mean_output_tokens": 50.0, "before_answer_rate": 0.0,
+    ...          "custom_params": {"specexit_confidence_threshold": 0.9}}]
+    >>> pick_tuned(rows, {"accuracy": 1.0})["label"]
+    'd'
+    """
+    ok = [r for r in rows if r["accuracy"] >= baseline["accuracy"] and not r.get("before_answer_rate")]
+    if not ok:
+        return None
+    fewest = min(r["mean_output_tokens"] for r in ok)
+
+    def margin(r):
+        params = r.get("custom_params") or {}
+        progress = params.get("specexit_progress_threshold") if "progress" in str(params.get("specexit_method")) else None
+        return (-float(params.get("specexit_confidence_threshold", 0.0)), -(-1.0 if progress is None else progress),
+                -int(params.get("specexit_window", 0)), r["label"])
+
+    return min((r for r in ok if r["mean_output_tokens"] <= fewest + 1e-9), key=margin)
+
+
 def preset_custom_params(path: str) -> Dict[str, object]:
     """Per-request ``custom_params`` of the ``specexit-*`` options in a launcher preset YAML.
 
@@ -211,8 +299,11 @@ def sweep_combinations() -> List[Tuple[str, str]]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=200, help="held-out problems")
-    ap.add_argument("--seed", type=int, default=2026, help="evaluation RNG seed")
+    ap.add_argument("--n", type=int, default=200, help="problems")
+    ap.add_argument("--split", choices=sorted(SPLITS), default="eval",
+                    help="eval: held-out problems (RNG 'specexit-eval-<seed>', never trained on); train: the "
+                         "training stream ('sglang_ext-traces-<seed>'), the split to tune presets on")
+    ap.add_argument("--seed", type=int, default=None, help="RNG seed of the split (default: eval 2026, train 0)")
     ap.add_argument("--url", default=None, metavar="http://HOST:PORT",
                     help="no engine: send the requests to this running SGLang server (launched with the extension "
                          "and --specexit); exit code 2 if it has no SpecExit")
@@ -230,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--sweep", type=int, default=0, metavar="N",
                     help="also run all 7 methods x 4 smoothers on the first N problems (0: no sweep)")
+    ap.add_argument("--tune", type=int, default=0, metavar="N",
+                    help="also run the tune_grid() candidates (smoother, window, thresholds) on the first N problems "
+                         "and print the one with the fewest tokens at the baseline's accuracy (use with --split "
+                         "train; 0: no tuning)")
     ap.add_argument("--budgets", default=DEFAULT_BUDGETS, metavar="B1,B2,...",
                     help="fixed thinking budgets (tokens) of the budget peers: SpecExit's max-think guard as a plain "
                          "budget (signal exit off, no grace), all problems of every budget in flight together "
@@ -622,11 +717,13 @@ def _flush(backend, loop) -> bool:
     return ok
 
 
-def _run_sweep(loop, backend, tok, problems, prompts, max_new_tokens, concurrency) -> Tuple[dict, dict]:
-    combos = sweep_combinations()
+def _run_combos(loop, backend, tok, problems, prompts, combos: Sequence[Tuple[str, Mapping[str, object]]],
+                max_new_tokens, concurrency) -> Tuple[dict, dict]:
+    """Every ``(label, custom_params)`` combination and a SpecExit-off baseline on the same problems,
+    all in flight together (SpecExit's per-token decisions do not depend on the batch)."""
     params: List[Optional[dict]] = [OFF] * len(problems)
-    for method, smoothing in combos:
-        params += [{"specexit_method": method, "specexit_smoothing": smoothing}] * len(problems)
+    for _, custom in combos:
+        params += [dict(custom)] * len(problems)
     n = len(problems)
     _flush(backend, loop)
     t0 = time.perf_counter()
@@ -634,19 +731,43 @@ def _run_sweep(loop, backend, tok, problems, prompts, max_new_tokens, concurrenc
                                                 prompts * (1 + len(combos)), params, max_new_tokens, concurrency))
     wall = time.perf_counter() - t0
     base = run[:n]
-    sweep = {"n": n, "wall_s": wall, "baseline": summarize(base, wall), "rows": []}
+    result = {"n": n, "wall_s": wall, "baseline": summarize(base, wall), "rows": []}
     outcomes = {"baseline": base}
-    for i, (method, smoothing) in enumerate(combos):
+    for i, (label, custom) in enumerate(combos):
         part = run[(i + 1) * n:(i + 2) * n]
-        row = {"method": method, "smoothing": smoothing, **summarize(part, wall)}
+        row = {"label": label, "custom_params": dict(custom), **summarize(part, wall)}
         for key in ("mean_latency_s", "wall_s"):
             row.pop(key)
         row["before_answer_rate"] = before_answer_rate(part, base)
-        sweep["rows"].append(row)
-        outcomes[f"{method}/{smoothing}"] = part
-    by_name = {"baseline": sweep["baseline"], **{str(i): r for i, r in enumerate(sweep["rows"])}}
+        result["rows"].append(row)
+        outcomes[label] = part
+    by_name = {"baseline": result["baseline"], **{str(i): r for i, r in enumerate(result["rows"])}}
     compare(by_name, [str(i) for i in range(len(combos))])
+    return result, outcomes
+
+
+def _run_sweep(loop, backend, tok, problems, prompts, max_new_tokens, concurrency) -> Tuple[dict, dict]:
+    combos = [(f"{method}/{smoothing}", {"specexit_method": method, "specexit_smoothing": smoothing})
+              for method, smoothing in sweep_combinations()]
+    sweep, outcomes = _run_combos(loop, backend, tok, problems, prompts, combos, max_new_tokens, concurrency)
+    for row in sweep["rows"]:
+        row["method"], row["smoothing"] = row["custom_params"]["specexit_method"], row["custom_params"]["specexit_smoothing"]
     return sweep, outcomes
+
+
+def format_tune(tune: Mapping[str, object]) -> str:
+    """The printed table of a ``--tune`` run and its pick."""
+    base = tune["baseline"]
+    lines = [f"tuning on {tune['n']} {tune['split']} problems (seed {tune['seed']}): baseline accuracy "
+             f"{base['accuracy']:.3f}, {base['mean_output_tokens']:.1f} output tokens",
+             f"{'candidate':<34} {'accuracy':>8} {'tok ratio':>9} {'<answer':>7}"]
+    for row in sorted(tune["rows"], key=lambda r: r["mean_output_tokens"]):
+        lines.append(f"{row['label']:<34} {row['accuracy']:8.3f} "
+                     f"{row['mean_output_tokens'] / base['mean_output_tokens']:9.3f} {row['before_answer_rate'] or 0:7.2f}")
+    pick = tune.get("pick")
+    lines.append("pick: " + (f"{pick['label']} {json.dumps(pick['custom_params'])}" if pick else
+                             "none keeps the baseline's accuracy"))
+    return "\n".join(lines)
 
 
 #: Why SGLang's ``max_thinking_tokens`` cannot run on the CPU testbed (checked in SGLang 0.5.23's source
@@ -853,6 +974,9 @@ def report(summary: Mapping[str, object], variants: Sequence[str], png: Optional
         if png:
             _plot_sweep(sweep, sweep_png_path(png))
             print(f"plot: {os.path.relpath(sweep_png_path(png), REPO)}")
+    if summary.get("tune"):
+        print()
+        print(format_tune(summary["tune"]))
     if summary.get("budgets"):
         print()
         print(format_curves(summary))
@@ -879,6 +1003,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     tuned = preset_custom_params(args.tuned) if "tuned" in variants else None
     if args.sweep < 0 or args.sweep > args.n:
         raise SystemExit(f"--sweep: must be in 0..--n ({args.n}), got {args.sweep}")
+    if args.tune < 0 or args.tune > args.n:
+        raise SystemExit(f"--tune: must be in 0..--n ({args.n}), got {args.tune}")
     budgets = parse_budgets(args.budgets)
     sglang_budgets = budgets if args.sglang_budgets is None else parse_budgets(args.sglang_budgets)
     budget_summary: Dict[str, dict] = {}
@@ -905,7 +1031,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
 
     from sglang_ext.testbed import task
 
-    problems = held_out_problems(args.n, args.seed)
+    make_problems, default_seed = SPLITS[args.split]
+    if args.seed is None:
+        args.seed = default_seed
+    problems = make_problems(args.n, args.seed)
     tok = AutoTokenizer.from_pretrained(tokenizer_path)
     prompts = [tok.encode(task.prompt_text(p["question"], True), add_special_tokens=False) for p in problems]
     custom = {"baseline": OFF, "reference": None, "tuned": tuned}
@@ -928,7 +1057,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
             kwargs.update({k: v for k, v in CPU_DEFAULTS.items() if k not in kwargs})
         backend = EngineBackend(sglang.Engine(**kwargs))
     outcomes: Dict[str, List[Outcome]] = {}
-    summary: Dict[str, object] = {"n": len(problems), "seed": args.seed, "url": args.url,
+    summary: Dict[str, object] = {"n": len(problems), "seed": args.seed, "split": args.split, "url": args.url,
                                   "tuned_preset": tuned_shown, "tuned_custom_params": tuned}
     sweep = None
     flushed: List[bool] = []
@@ -970,6 +1099,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
                   file=sys.stderr, flush=True)
             sweep, sweep_outcomes = _run_sweep(loop, backend, tok, problems[:args.sweep], prompts[:args.sweep],
                                                args.max_new_tokens, args.concurrency)
+        if args.tune:
+            print(f"[specexit_eval] tuning: {len(tune_grid())} candidates + baseline on {args.tune} problems",
+                  file=sys.stderr, flush=True)
+            tune, _ = _run_combos(loop, backend, tok, problems[:args.tune], prompts[:args.tune], tune_grid(),
+                                  args.max_new_tokens, args.concurrency)
+            tune.update(split=args.split, seed=args.seed, pick=pick_tuned(tune["rows"], tune["baseline"]))
+            summary["tune"] = tune
         if budgets:
             print(f"[specexit_eval] fixed budgets {budgets} (SpecExit's max-think guard, signal exit off) on "
                   f"{len(problems)} problems", file=sys.stderr, flush=True)

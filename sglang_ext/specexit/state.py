@@ -18,8 +18,9 @@ thinking flags are committed. The engine applies the cut of the decision afterwa
 Because every token is pushed and tested in token order, the smoothed scores and the
 decision at a token depend only on the request's tokens and per-token observations up to
 it: splitting the same tokens into steps differently (another verify width, D-Cut tier,
-draft-off step, batch) gives the same exit token. The loop runs over the ``max_drafts + 1``
-columns, each iteration batched over the requests (no loop per request, no host sync).
+draft-off step, batch) gives the same exit token. The columns are computed together
+(``SlotView.run_tokens``: window sums, lengths and momentum for every column at once, only the
+EWMA column by column), batched over the requests: no loop per request, no host sync.
 
 Imports: torch and stdlib only (no sglang).
 """
@@ -312,20 +313,23 @@ class SpecExitState:
         if observations is not None and observations.shape[:2] != run.shape:
             raise ValueError(f"observations must be [batch_size, max_drafts + 1, NUM_SIGNALS] = "
                              f"[{run.shape[0]}, {run.shape[1]}, {NUM_SIGNALS}], got {list(observations.shape)}")
-        passes = []
-        for j in range(run.shape[1]):
-            if observations is not None:
-                self.smoother.push(index, observations[:, j], examined[:, j])
-            values, defined = self.smoother.scores(index)
-            passes.append(signal_test(values, defined, active, thresholds))
-            self.smoother.paragraph_cut(index, boundary[:, j])
+        if observations is None:
+            observations = torch.full((*run.shape, NUM_SIGNALS), float("nan"), device=device)
+        view = self.smoother.view(index)
+        values, defined = view.run_tokens(observations, examined, boundary)  # [batch_size, max_drafts + 1, S]
+        self.smoother.store(index, view)
+        batch_size, width = run.shape
+        passes = signal_test(values.reshape(batch_size * width, NUM_SIGNALS),
+                             defined.reshape(batch_size * width, NUM_SIGNALS),
+                             active.repeat_interleave(width, dim=0),
+                             thresholds.repeat_interleave(width, dim=0)).view(batch_size, width)
         decision = decide_exit(
             thinking=thinking,
             root_ids=run[:, 0],
             accepted_ids=accepted,
             bonus_ids=bonus_ids,
             think_tokens=self.think_tokens[index],
-            signals_pass=torch.stack(passes, dim=1),
+            signals_pass=passes,
             min_think_tokens=self.min_think_tokens[index],
             max_think_tokens=self.max_think_tokens[index],
             max_think_grace=self.max_think_grace[index],

@@ -214,3 +214,44 @@ def test_batched_smoothers_equal_the_scalar_reference_on_300_random_runs():
                 assert bool(defined[slot, s]) == (expected is not None), (slot, s, configs[slot])
                 if expected is not None:
                     assert values[slot, s].item() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_run_tokens_equals_the_token_loop_bit_for_bit(dtype):
+    # SpecExitState.step runs a step's tokens through SlotView.run_tokens (every column at once); it
+    # must give exactly the numbers of pushing, scoring and cutting one token at a time.
+    gen = torch.Generator().manual_seed(5)
+    slots, num_signals, width = 40, 3, 6
+    for trial in range(30):
+        state = SmootherState.allocate(slots, num_signals, max_window=16, dtype=dtype)
+        kinds = torch.randint(0, 4, (slots,), generator=gen)
+        windows = torch.randint(1, 9, (slots,), generator=gen)
+        windows = torch.where(kinds == int(SmoothingKind.MOMENTUM), windows.clamp(min=2), windows)
+        alphas = 0.05 + 0.95 * torch.rand(slots, generator=gen, dtype=torch.float64)
+        state.reset(list(range(slots)), kind=kinds.tolist(), alpha=alphas.tolist(), window=windows.tolist())
+        index = torch.arange(slots)
+        for _ in range(trial % 5):  # some history first (the loop's own pushes and cuts)
+            state.push(index, torch.rand(slots, num_signals, generator=gen, dtype=dtype),
+                       torch.rand(slots, generator=gen) < 0.8)
+            state.paragraph_cut(index, torch.rand(slots, generator=gen) < 0.3)
+        x = torch.rand(slots, width, num_signals, generator=gen, dtype=dtype) * 3
+        x[torch.rand(slots, width, num_signals, generator=gen) < 0.1] = float("nan")
+        examined = torch.rand(slots, width, generator=gen) < 0.85
+        cut = torch.rand(slots, width, generator=gen) < 0.25
+
+        loop = state.view(index)
+        expected_values, expected_defined = [], []
+        for j in range(width):
+            loop.push(x[:, j], examined[:, j])
+            v, d = loop.scores()
+            expected_values.append(v)
+            expected_defined.append(d)
+            loop.paragraph_cut(cut[:, j])
+        fast = state.view(index)
+        values, defined = fast.run_tokens(x, examined, cut)
+        expected_values = torch.stack(expected_values, dim=1)
+        assert torch.equal(defined, torch.stack(expected_defined, dim=1))
+        assert torch.equal(torch.isnan(values), torch.isnan(expected_values))
+        assert torch.equal(values.nan_to_num(), expected_values.nan_to_num()), trial
+        assert torch.equal(fast.history, loop.history) and torch.equal(fast.length, loop.length)
+        assert torch.equal(fast.ewma, loop.ewma)

@@ -215,6 +215,10 @@ class SpecExitRunner:
         self.trace_path = os.environ.get(TRACE_ENV) or None
         if self.inactive_reason is not None:
             return
+        if self.source == DRAFT_CONFIDENCE_SOURCE:
+            logger.warning("--specexit-signal-source draft-confidence: the draft's probabilities exist only for the "
+                           "tokens it drafted, which depend on the verify width, D-Cut and the load, so an exit can "
+                           "move with them (the head's signals, read per committed token, do not)")
         logger.info("SpecExit on: method=%s source=%s smoothing=%s stop_think_id=%d boundary_ids=%s",
                     self.method.name, self.source, self.options.smoothing.label, self.stop_think_id,
                     list(self.boundary_ids))
