@@ -18,8 +18,11 @@ Two measurements, printed side by side:
 
 Run:
 
-    OMP_NUM_THREADS=1 python bench/specexit_step_cost.py [--calls 200] [--engine] [--repeats 3]
+    OMP_NUM_THREADS=1 python bench/specexit_step_cost.py [--calls 200] [--engine [--no-state]] [--repeats 3]
         [--json bench/out/specexit_step_cost.json]
+
+``--engine --no-state`` runs only the engine comparison, e.g. with a checkout of an earlier version
+of the package first on ``PYTHONPATH`` (the engine part uses nothing this version added).
 """
 
 from __future__ import annotations
@@ -34,9 +37,8 @@ from typing import Callable, Dict, List
 
 import torch
 
-from sglang_ext.specexit.criterion import PAD_TOKEN, decide_exit, signal_test, step_run
+from sglang_ext.specexit.criterion import PAD_TOKEN, decide_exit, signal_test
 from sglang_ext.specexit.overrides import SpecExitOptions
-from sglang_ext.specexit.signals import NUM_SIGNALS
 from sglang_ext.specexit.state import SpecExitState
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,6 +60,8 @@ def _inputs(bs: int, width: int, gen: torch.Generator):
 
 def per_step_rule(state: SpecExitState, slots, roots, accepted, bonus, obs):
     """The replaced rule's work per step: the run's mean pushed once, one test, one decision."""
+    from sglang_ext.specexit.criterion import step_run
+
     run, valid = step_run(roots, accepted)
     mean = torch.where(valid[:, :, None], obs, torch.zeros_like(obs)).sum(1) / valid.sum(1, keepdim=True)
     values, defined = state.smoother.scores(slots)
@@ -150,11 +154,12 @@ def main() -> Dict[str, object]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--engine", action="store_true", help="also the engine comparison (two engine launches)")
+    ap.add_argument("--no-state", action="store_true", help="skip the pure state timing")
     ap.add_argument("--repeats", type=int, default=3, help="engine passes per variant, alternating")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    result: Dict[str, object] = {"state": bench_state(args.calls), "num_signals": NUM_SIGNALS}
+    result: Dict[str, object] = {} if args.no_state else {"state": bench_state(args.calls)}
     if args.engine:
         result["engine"] = bench_engine(args.repeats)
     if args.json:

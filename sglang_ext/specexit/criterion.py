@@ -124,7 +124,7 @@ class ExitDecision:
 
 
 def signal_test(
-    scores: torch.Tensor,  # [batch_size, NUM_SIGNALS]
+    scores: torch.Tensor,  # [batch_size, NUM_SIGNALS] (or [..., NUM_SIGNALS])
     defined: torch.Tensor,  # [batch_size, NUM_SIGNALS]
     active: torch.Tensor,  # [batch_size, NUM_SIGNALS]
     thresholds: torch.Tensor,  # [batch_size, NUM_SIGNALS]
@@ -132,7 +132,9 @@ def signal_test(
     """Whether every enabled signal passes its threshold (docs/algorithms.md#specexit-exit-test).
 
     confidence > threshold, progress > threshold, remain < threshold, all strict. An
-    undefined or NaN score fails. A request with no enabled signal never passes.
+    undefined or NaN score fails. A request with no enabled signal never passes. The signals
+    are the last dimension; leading dimensions broadcast (e.g. ``[batch_size, num_tokens,
+    NUM_SIGNALS]`` scores with ``[batch_size, 1, NUM_SIGNALS]`` thresholds).
 
     Parameters
     ----------
@@ -162,10 +164,10 @@ def signal_test(
     """
     thresholds = thresholds.to(scores.dtype)
     is_remain = torch.arange(NUM_SIGNALS, device=scores.device) == int(Signal.REMAIN)  # [NUM_SIGNALS]
-    passes = torch.where(is_remain[None, :], scores < thresholds, scores > thresholds)
+    passes = torch.where(is_remain, scores < thresholds, scores > thresholds)
     passes = passes & defined.to(torch.bool)
     active = active.to(torch.bool)
-    return (passes | ~active).all(dim=1) & active.any(dim=1)
+    return (passes | ~active).all(dim=-1) & active.any(dim=-1)
 
 
 def decide_exit(

@@ -318,11 +318,7 @@ class SpecExitState:
         view = self.smoother.view(index)
         values, defined = view.run_tokens(observations, examined, boundary)  # [batch_size, max_drafts + 1, S]
         self.smoother.store(index, view)
-        batch_size, width = run.shape
-        passes = signal_test(values.reshape(batch_size * width, NUM_SIGNALS),
-                             defined.reshape(batch_size * width, NUM_SIGNALS),
-                             active.repeat_interleave(width, dim=0),
-                             thresholds.repeat_interleave(width, dim=0)).view(batch_size, width)
+        passes = signal_test(values, defined, active[:, None, :], thresholds[:, None, :])  # [batch_size, width]
         decision = decide_exit(
             thinking=thinking,
             root_ids=run[:, 0],
