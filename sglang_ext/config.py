@@ -251,12 +251,15 @@ class SpecExitConfig:
                      f"{D.DEFAULT_METHOD} with head, confidence with draft-confidence.", _parse_method,
                      metavar="METHOD", list_join="_",
                      show_default=f"{D.DEFAULT_METHOD} (head), confidence (draft-confidence)")
-    smoothing: str = _f(D.DEFAULT_SMOOTHING, "--specexit-smoothing", "Smoother applied to each signal.",
+    smoothing: str = _f(D.DEFAULT_SMOOTHING, "--specexit-smoothing",
+                        "Smoother applied to each signal, one observation per thinking token.",
                         _parse_str, choices=SMOOTHING_CHOICES)
     ewma_alpha: float = _f(D.DEFAULT_EWMA_ALPHA, "--specexit-ewma-alpha",
-                           "EWMA weight of the newest observation, in (0, 1].", _parse_float)
-    window: int = _f(D.DEFAULT_WINDOW, "--specexit-window", "Window W of the momentum/mean/paragraph_mean "
-                     f"smoothers (1..{D.MAX_WINDOW}; momentum needs W >= 2).", _parse_int)
+                           "EWMA weight of the newest observation (one per thinking token), in (0, 1].",
+                           _parse_float)
+    window: int = _f(D.DEFAULT_WINDOW, "--specexit-window", "Window W, in thinking tokens, of the "
+                     f"momentum/mean/paragraph_mean smoothers (1..{D.MAX_WINDOW}; momentum needs W >= 2).",
+                     _parse_int)
     confidence_threshold: float = _f(D.DEFAULT_CONFIDENCE_THRESHOLD, "--specexit-confidence-threshold",
                                      "Exit needs smoothed confidence > this, in [0, 1].", _parse_float)
     progress_threshold: float = _f(D.DEFAULT_PROGRESS_THRESHOLD, "--specexit-progress-threshold",
