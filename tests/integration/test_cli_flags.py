@@ -1,6 +1,6 @@
 """Extension flags on SGLang's stock launcher: --help, parsing into configs, bad values.
 
-Budget: < 60 s (three launcher subprocesses of ~5 s each; the rest in-process).
+Budget: < 60 s (four launcher subprocesses of ~5 s each; the rest in-process).
 """
 
 from __future__ import annotations
@@ -99,6 +99,20 @@ def test_launcher_rejects_bad_flag_with_one_line(argv, flag):
     err_lines = [ln for ln in res.stderr.splitlines() if "error:" in ln]
     assert len(err_lines) == 1, res.stderr[-3000:]
     assert err_lines[0].startswith("sglang serve: error: " + flag + ":"), err_lines
+
+
+def test_sglang_serve_takes_the_extension_flags():
+    """SGLang's recommended entry point, ``sglang serve``, loads the plugin before parsing (its ``--help``
+    is printed before plugins load, so that lists SGLang's flags only): a bad extension flag gets the same
+    one line as with ``python -m sglang.launch_server``."""
+    target = os.path.join(os.path.dirname(__file__), "..", "..", "sglang_ext", "testbed", "models", "target")
+    sglang_cli = os.path.join(os.path.dirname(sys.executable), "sglang")
+    argv = ["serve", "--model-path", target, "--speculative-algorithm", "EAGLE3", "--specexit",
+            "--specexit-window", "0"]
+    res = subprocess.run([sglang_cli, *argv], capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    assert res.returncode == 2, res.stderr[-3000:]
+    err_lines = [ln for ln in res.stderr.splitlines() if "error:" in ln]
+    assert err_lines == ["sglang serve: error: --specexit-window: must be an integer in 1..256, got 0"], err_lines
 
 
 @pytest.mark.parametrize("argv,flag", INVALID, ids=[f"{i}:{f}" for i, (_, f) in enumerate(INVALID)])

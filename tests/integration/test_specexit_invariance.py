@@ -15,7 +15,11 @@ apart. Every run must give the reference's output ids token for token, and the r
 exit early on most problems (otherwise the comparison proves nothing). With the per-step exit rule
 of earlier versions tiers 0.5 and ``auto`` agreed on 0 of 40 problems.
 
-Budget: CI tier ~2 min on the shared 2-core host (one engine start, nine 40-problem runs).
+Slow tier: a TP 2 engine (two ranks, ``SGLANG_CPU_OMP_THREADS_BIND="0|1"``) gives the same 40 outputs as
+the TP 1 engine, under ``auto`` and a forced tier 0.5 (TP 2 sums its all-reduce in another order than TP 1).
+
+Budget: CI tier ~2 min on the shared 2-core host (one engine start, nine 40-problem runs); slow tier
+~1.5 min more (one TP 2 engine start, three 40-problem runs).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ CONFIGURED = 0.0  # dcut_force_ratio 0 / dcut_force_draft_off 0: the configured 
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW}
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
 sys.path.insert(0, BENCH)
+from dcut_throughput import _generate_refilled  # noqa: E402
 from specexit_eval import DEFAULT_TUNED, preset_custom_params  # noqa: E402
 
 TUNED = preset_custom_params(DEFAULT_TUNED)
@@ -79,16 +84,7 @@ def _generate(eng, prompts, custom, in_flight):
 
         return eng.loop.run_until_complete(run())
 
-    async def limited():
-        gate = asyncio.Semaphore(in_flight)
-
-        async def one(p):
-            async with gate:
-                return await eng.async_generate(input_ids=p, sampling_params=params)
-
-        return await asyncio.gather(*(one(p) for p in prompts))
-
-    return eng.loop.run_until_complete(limited())
+    return _generate_refilled(eng, prompts, params, in_flight)  # a new request as one finishes
 
 
 def _run(eng, prompts, custom, ratio, every, in_flight):
@@ -136,3 +132,32 @@ def test_same_output_under_every_dcut_setting_load_and_draft_off_pattern(engine,
         if every:
             assert hist.get("draft_off", 0) > 0, (name, hist)
     assert not failures, failures
+
+
+@pytest.mark.slow
+def test_tp2_gives_the_same_outputs_as_tp1(engine, prompts, tmp_path):
+    ref, _ = _run(engine, prompts, TUNED, CONFIGURED, 0, N)
+    ref_ids = [o["output_ids"] for o in ref]
+    assert sum(bool(o["meta_info"]["specexit_exited"]) for o in ref) >= 0.75 * N
+    table = hand_written_table(str(tmp_path / "table.json"), 4, 1, 3, off_ms=[50, 1, 2])
+    os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = "0|1"
+    try:
+        tp2 = make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa", tp_size=2,
+                          speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
+                          speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                          max_total_tokens=32768, max_running_requests=64, specexit=True, dcut="auto",
+                          dcut_cost_table=table, dcut_cache_dir=str(tmp_path / "cache"))
+    finally:
+        os.environ.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
+    try:
+        for name, ratio in (("TP 2, auto", CONFIGURED), ("TP 2, tier 0.5", 0.5)):
+            params = dict(GREEDY, custom_params=TUNED)
+            from sglang_ext.engine.dcut.client import set_force_ratio
+
+            assert set_force_ratio(tp2, ratio)
+            outs = tp2.generate(input_ids=prompts, sampling_params=params)
+            bad = [i for i, o in enumerate(outs) if o["output_ids"] != ref_ids[i]]
+            print(f"{name}: {N - len(bad)}/{N} identical to TP 1")
+            assert not bad, f"{name}: {len(bad)} of {N} outputs differ from TP 1 (first: problem {bad[0]})"
+    finally:
+        tp2.shutdown()
