@@ -5,7 +5,9 @@ On a machine without CUDA the CPU testbed is activated before anything imports S
 stand-ins' ``sitecustomize`` on ``PYTHONPATH`` for SGLang's spawned processes.
 """
 
+import atexit
 import os
+import warnings
 
 import pytest
 
@@ -35,3 +37,78 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def _tracker_pid():
+    from multiprocessing import resource_tracker
+
+    return getattr(resource_tracker._resource_tracker, "_pid", None)
+
+
+def _spare_the_resource_tracker() -> None:
+    """``Engine.shutdown`` kills every child of this process, multiprocessing's resource tracker among
+    them; the tracker is relaunched with an empty table, and at exit it prints a ``KeyError``
+    traceback for each semaphore registered with the old one. The test process runs many in-process
+    engines, so their teardown skips the tracker (SGLang's own ``skip_pid``). Tests only: a server
+    process runs one engine and exits with it."""
+    import sglang.srt.entrypoints.engine as engine
+
+    if getattr(engine.kill_process_tree, "_spares_tracker", False):
+        return
+    kill = engine.kill_process_tree
+
+    def kill_process_tree(parent_pid, include_parent=True, skip_pid=None, **kwargs):
+        if skip_pid is None and parent_pid in (None, os.getpid()) and not include_parent:
+            skip_pid = _tracker_pid()
+        return kill(parent_pid, include_parent=include_parent, skip_pid=skip_pid, **kwargs)
+
+    kill_process_tree._spares_tracker = True
+    engine.kill_process_tree = kill_process_tree
+
+
+def pytest_runtest_setup(item):
+    if "integration" in item.path.parts:  # the tier that runs engines in this process
+        _spare_the_resource_tracker()
+
+
+class _ShutdownStderr:
+    """sys.stderr from the last atexit handler on: drops the one SWIG line (see below), passes the rest
+    line by line. Holds what it needs itself: module globals may be gone when the interpreter writes."""
+
+    NOISE = "DeprecationWarning: builtin type swigvarlink has no __module__ attribute"
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.line = ""  # the interpreter writes a warning in pieces: file, line, category, message
+
+    def write(self, text):
+        self.line += text
+        if "\n" in self.line:
+            done, self.line = self.line.rsplit("\n", 1)
+            kept = [line for line in done.split("\n") if self.NOISE not in line]
+            if kept:
+                self.stream.write("\n".join(kept) + "\n")
+        return len(text)
+
+    def flush(self):
+        if self.line:
+            self.stream.write(self.line)
+            self.line = ""
+        return self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def _quiet_swig_at_exit() -> None:
+    import sys
+
+    # the shutdown puts sys.__stderr__ back in place of sys.stderr before it clears the modules
+    sys.stderr = sys.__stderr__ = _ShutdownStderr(sys.stderr)
+
+
+# SWIG-built extensions that SGLang imports (sentencepiece) warn once more while the interpreter
+# shuts down, after pytest's summary, its warning capture and the warning filters themselves are
+# gone: ``sys:1: DeprecationWarning: builtin type swigvarlink has no __module__ attribute``. This
+# handler runs last (the first registered); from then on that one line is dropped, nothing else.
+atexit.register(_quiet_swig_at_exit)
