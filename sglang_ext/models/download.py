@@ -48,6 +48,11 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+#: pip lines about the machine's index configuration, not about this download (not echoed; a failed
+#: download still reports pip's last lines).
+PIP_INDEX_NOISE = ("Looking in indexes:", "Looking in links:", "WARNING: Location '")
+
+
 def pip_command() -> List[str]:
     env = os.environ.get(PIP_ENV)
     return env.split() if env else [sys.executable, "-m", "pip"]
@@ -69,7 +74,8 @@ def pip_download(requirement: str, dest: str, log: Log = _stderr) -> str:
     tail: List[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
-        sys.stderr.write(line)
+        if not line.startswith(PIP_INDEX_NOISE):
+            sys.stderr.write(line)
         if line.strip():
             tail.append(line.strip())
             tail = tail[-20:]

@@ -176,8 +176,13 @@ def test_second_setup_profiles_anew_and_fills_skipped_sizes(first_launch, tiny_m
     assert src["filled"] == {"4096": 4} and "request rows" in src["skipped"]["4096"]
     assert "profiling skips batch size 4096" in log
     assert re.search(r"D-Cut: profiling the cost table: batch sizes \[1, 4\] .* prefill groups of 2 requests", log)
-    plan_at, expected_at = log.index("D-Cut: profiling the cost table"), log.index("cost profiling expected to take")
-    assert plan_at < expected_at < log.index("D-Cut: profiled 2 batch sizes")
+    # one progress line per batch size (largest first), the last one with nothing left
+    plan_at = log.index("D-Cut: profiling the cost table")
+    rows = re.findall(r"D-Cut: cost profiling (\d)/2 batch sizes done \(batch size (\d+) in [\d.]+ s\), about (\d+) s left",
+                      log)
+    assert [(int(k), int(b)) for k, b, _ in rows] == [(1, 4), (2, 1)], rows
+    assert rows[-1][2] == "0"
+    assert plan_at < log.index("D-Cut: cost profiling 1/2") < log.index("D-Cut: profiled 2 batch sizes")
     assert got == ref
 
 

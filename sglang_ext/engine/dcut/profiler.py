@@ -25,8 +25,9 @@ not run: a warning names it and its row is copied from the nearest measured batc
 prefill of a profiled batch runs in groups of at most the server's prefill token budget
 (``--chunked-prefill-size``, else ``--max-prefill-tokens``), merged into one decode batch as the
 scheduler merges new requests into its running batch, so no forward is wider than the server's own.
-The plan and the expected duration are logged before the first batch is timed (the estimate comes
-from the first step of the largest batch size, which is profiled first).
+The plan is logged before the first batch is timed, and one line per batch size as it finishes,
+with the time left (``sglang_ext.dcut.profile_eta``: the largest batch size runs first, then the
+smallest, then the rest, so the remaining rows' times are interpolated between measured ones).
 
 What is timed (docs/algorithms.md#d-cut-cost-profiling): a *full speculative decode step* of the real worker
 (``draft`` + pruned ``verify`` at a fixed tier + draft extend), for every profiled batch size
@@ -64,6 +65,7 @@ import torch
 
 from sglang_ext.dcut import CostTable, CostTableError, CostTableKey
 from sglang_ext.dcut.cost_table import cache_identity, fill_from_nearest
+from sglang_ext.dcut.profile_eta import RowTime, profile_order, remaining_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -432,17 +434,16 @@ DRAFT_OFF_COLUMN = None
 
 def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int,
                             tiers: Sequence[Optional[float]], warmup: int, steps: int, seed: int,
-                            group_size: Optional[int] = None, on_first_step=None) -> List[float]:
+                            group_size: Optional[int] = None) -> List[float]:
     """Median full-step ms for every column at batch size ``bs``: a tier ratio, or
     :data:`DRAFT_OFF_COLUMN` for the draft-off step, timed in the same round-robin (prefill in
-    groups of ``group_size`` requests; ``on_first_step(ms)`` is called after the first decode step)."""
+    groups of ``group_size`` requests)."""
     target = worker.target_worker.model_runner
     r2t = target.req_to_token_pool
     allocator = target.token_to_kv_pool_allocator
     tree_cache = _TreeCacheStub(allocator.page_size, target.device, allocator, r2t)
     reqs = _synthetic_reqs(bs, context_len, int(target.model_config.vocab_size), seed)
     costs: List[float] = []
-    first = [on_first_step]
     try:
         batch = _prefill_in_groups(worker, reqs, max(1, int(group_size or bs)), tree_cache)
 
@@ -457,9 +458,6 @@ def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int,
             elapsed_ms = (time.perf_counter() - t0) * 1e3
             batch.spec_info = res.next_draft_input
             batch.input_ids = None
-            if first[0] is not None:
-                callback, first[0] = first[0], None
-                callback(elapsed_ms)
             return elapsed_ms
 
         for ratio in tiers:
@@ -476,28 +474,6 @@ def _profile_one_batch_size(worker: Any, runner: Any, bs: int, context_len: int,
     return costs
 
 
-def _progress(total: int, desc: str):
-    try:
-        from tqdm import tqdm
-
-        return tqdm(total=total, desc=desc, unit="cfg", leave=True)
-    except ImportError:  # pragma: no cover - tqdm ships with sglang
-        return None
-
-
-def expected_profile_s(plan: ProfilePlan, num_tiers: int, warmup: int, steps: int, step_ms: float) -> float:
-    """Upper estimate of the profiling time from one step at the largest batch size (every step
-    costs at most that; the prefills are not counted).
-
-    Examples
-    --------
-    >>> p = ProfilePlan((1, 4), (4, 1), {}, 64, 8192)
-    >>> expected_profile_s(p, 4, 3, 5, 100.0)
-    6.4
-    """
-    return len(plan.measured) * num_tiers * (warmup + steps) * step_ms / 1e3
-
-
 def profile_cost_table(runner: Any, worker: Any, key: CostTableKey, plan: ProfilePlan) -> CostTable:
     """Time full speculative steps for every measured (batch size, tier) on this rank, largest batch
     size first, and fill the skipped batch sizes (see the module docstring)."""
@@ -511,32 +487,31 @@ def profile_cost_table(runner: Any, worker: Any, key: CostTableKey, plan: Profil
     allocator = worker.target_worker.model_runner.token_to_kv_pool_allocator
     free_before = int(allocator.available_size())
     logger.info("D-Cut: profiling the cost table: batch sizes %s x tiers %s, %d warm-up + %d timed steps each, "
-                "context %d, prefill groups of %d requests%s", list(plan.measured[::-1]), list(tiers), warmup, steps,
+                "context %d, prefill groups of %d requests%s", list(profile_order(plan.measured)), list(tiers), warmup, steps,
                 plan.context_len, plan.group_size, ", and the draft-off step" if draft_off else "")
     for bs, reason in plan.skipped.items():
         logger.warning("D-Cut: profiling skips batch size %d (%s); its costs are copied from the nearest measured "
                        "batch size", bs, reason)
 
-    def announce(step_ms: float) -> None:
-        logger.info("D-Cut: cost profiling expected to take <= %.0f s (a step at batch size %d takes %.1f ms)",
-                    expected_profile_s(plan, len(columns), warmup, steps, step_ms), plan.measured[0], step_ms)
-
-    bar = _progress(len(plan.measured) * len(columns), "D-Cut cost profiling")
+    order = profile_order(plan.measured)
     measured: Dict[int, List[float]] = {}
+    rows_timed: Dict[int, RowTime] = {}
     t0 = time.perf_counter()
     metrics_before = runner.metrics
     try:
         with torch.no_grad():
-            for i, bs in enumerate(plan.measured):
-                row = _profile_one_batch_size(worker, runner, bs, plan.context_len, columns, warmup, steps, seed=i,
-                                              group_size=plan.group_size, on_first_step=announce if i == 0 else None)
+            for k, bs in enumerate(order):
+                t_row = time.perf_counter()
+                row = _profile_one_batch_size(worker, runner, bs, plan.context_len, columns, warmup, steps,
+                                              seed=plan.measured.index(bs), group_size=plan.group_size)
                 measured[bs] = row
-                if bar is not None:
-                    bar.update(len(columns))
-                    bar.set_postfix(bs=bs, ms=",".join(f"{c:.1f}" for c in row))
+                wall_s = time.perf_counter() - t_row
+                rows_timed[bs] = RowTime.split(wall_s, row, warmup + steps)
+                # one line per row: what the demo's progress bar reads (the ETA: sglang_ext.dcut.profile_eta)
+                logger.info("D-Cut: cost profiling %d/%d batch sizes done (batch size %d in %.1f s), about %.0f s "
+                            "left", k + 1, len(order), bs, wall_s,
+                            remaining_seconds(rows_timed, order[k + 1:], first=order[0]))
     finally:
-        if bar is not None:
-            bar.close()
         runner.metrics = metrics_before.__class__(tiers=metrics_before.tiers)  # profiling steps are not traffic
     free_after = int(allocator.available_size())
     if free_after != free_before:
