@@ -294,7 +294,7 @@ def _compact_batch(r2t, rp, prefix, keep, extra_pad_rows=1):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
     from sglang_ext.dcut import build_full_mask, compact_tree, retrive_from_parents
-    from sglang_ext.engine.dcut.runner import make_ragged_layout
+    from sglang_ext.engine.dcut.compact_verify import make_ragged_layout
 
     bs = keep.shape[0]
     parent = torch.tensor([[-1, 0, 0, 1]] * bs)

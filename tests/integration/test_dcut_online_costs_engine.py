@@ -130,7 +130,8 @@ def test_step_clock_attributes_intervals_to_the_earlier_step(monkeypatch):
     import sglang_ext.engine.dcut.runner as runner_mod
     from sglang_ext.config import DCutConfig
     from sglang_ext.dcut import CostTable, CostTableKey
-    from sglang_ext.engine.dcut.runner import DCutRunner, StepDecision
+    from sglang_ext.engine.dcut.metrics import StepDecision
+    from sglang_ext.engine.dcut.runner import DCutRunner
 
     key = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "test")
     table = CostTable.build(key, [4, 16], [[10.0, 20.0, 30.0, 40.0], [50.0, 60.0, 70.0, 80.0]])
@@ -192,7 +193,8 @@ def test_runner_explores_a_draft_off_cost_the_table_overstates(monkeypatch):
     from sglang_ext.config import DCutConfig
     from sglang_ext.dcut import CostTable, CostTableKey, DraftOffParams, observe_draft_gains
     from sglang_ext.dcut.online_costs import OFF_COLUMN
-    from sglang_ext.engine.dcut.runner import DCutRunner, StepDecision
+    from sglang_ext.engine.dcut.metrics import StepDecision
+    from sglang_ext.engine.dcut.runner import DCutRunner
 
     key = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "test")
     table = CostTable.build(key, [4, 16], [[10.0, 20.0, 30.0, 40.0], [50.0, 60.0, 70.0, 80.0]],

@@ -202,7 +202,7 @@ def test_interceptor_compacts_and_restores():
     """The per-instance wrapper compacts the TARGET_VERIFY batch, scatters outputs back, restores it."""
     from types import SimpleNamespace as NS
 
-    from sglang_ext.engine.dcut.runner import CompactVerify, TargetForwardInterceptor
+    from sglang_ext.engine.dcut.compact_verify import CompactVerify, TargetForwardInterceptor
 
     class Mode:
         def is_target_verify(self):

@@ -156,7 +156,7 @@ def test_lossless_chain16_ci(tmp_path):
     ``bench/dcut_throughput.py`` reads): its accept-length histogram must account for exactly the
     accepted tokens the metrics counted, and its parts must be real times.
     """
-    from sglang_ext.engine.dcut.runner import TIMING_ENV
+    from sglang_ext.engine.dcut.metrics import TIMING_ENV
 
     prompts = _prompts(16)
     os.environ[TIMING_ENV] = "1"  # inherited by the scheduler process

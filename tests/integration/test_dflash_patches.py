@@ -161,7 +161,7 @@ def test_flashinfer_dcut_backend_plans_ragged_verify_from_the_batch():
 
     from sglang_ext.dcut import build_full_mask, chain_keep_mask, chain_retrive, compact_tree
     from sglang_ext.engine.attention import flashinfer_dcut as fv
-    from sglang_ext.engine.dcut.runner import make_ragged_layout
+    from sglang_ext.engine.dcut.compact_verify import make_ragged_layout
 
     cls = fv.flashinfer_dcut_backend_class()
     assert issubclass(cls, FlashInferAttnBackend) and fv.flashinfer_dcut_backend_class() is cls

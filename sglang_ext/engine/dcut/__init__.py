@@ -3,7 +3,11 @@
 The maths is in the pure package :mod:`sglang_ext.dcut`; this room wires it into SGLang:
 
 * ``runner``: :class:`~sglang_ext.engine.dcut.runner.DCutRunner`, the D-Cut step of the EAGLE
-  worker's ``verify()`` (plan, TP agreement, compacted target verify, metrics, calibration);
+  worker's ``verify()`` (plan, TP agreement, calibration, online costs, draft-off);
+* ``compact_verify``: the kept rows of a pruned step (``CompactVerify``) and the one swap of the
+  target forward that runs over them (``TargetForwardInterceptor``), shared with DFlash;
+* ``metrics``: what a step did (``StepDecision``), the running totals and step clock
+  (``DCutMetrics``), the opt-in per-step time split (``StepTiming``);
 * ``dflash``: D-Cut on DFlash blocks (``DFlashDCutRunner``, confidences, candidate poisoning);
 * ``profiler``: the launch-time cost table (file, cache or profile) and its publication;
 * ``graphs``: one target-verify CUDA graph per (batch size, tier) (GPU);

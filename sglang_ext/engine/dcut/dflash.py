@@ -16,7 +16,7 @@ a per-request prefix cut (docs/algorithms.md#d-cut-on-dflash-blocks)::
       -> tier + global top-K -> keep_lens[b] (kept drafts)       sglang_ext.dcut.choose
       -> agree on (keep, tier) across TP ranks                    runner.agree_across_ranks
       -> target verify forward over the kept prefixes only, ragged rows padded to the tier width
-         (runner.TargetForwardInterceptor; logits and hidden states scattered back to
+         (compact_verify.TargetForwardInterceptor; logits and hidden states scattered back to
           the strided [bs * N] layout, pruned rows 0)
       -> SGLang's own accept, capped at keep_lens[b]:
          greedy (argmax) accept: every draft past a request's kept prefix replaced by NO_TOKEN in a
@@ -120,13 +120,9 @@ import sglang.srt.speculative.dflash_worker_v2 as _dflash_v2
 from sglang.srt.speculative.dflash_worker_v2 import _DflashDraftSampler
 
 from sglang_ext.dcut import chain_keep_mask, chain_retrive, chain_survival
-from sglang_ext.engine.dcut.runner import (
-    CompactVerify,
-    DCutRunner,
-    StepDecision,
-    TargetForwardInterceptor,
-    graph_ineligible_width,
-)
+from sglang_ext.engine.dcut.compact_verify import CompactVerify, TargetForwardInterceptor, graph_ineligible_width
+from sglang_ext.engine.dcut.metrics import StepDecision
+from sglang_ext.engine.dcut.runner import DCutRunner
 
 logger = logging.getLogger(__name__)
 

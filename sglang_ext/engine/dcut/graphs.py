@@ -388,7 +388,7 @@ def dcut_verify_graph_runner_class() -> type:
     from sglang.srt.model_executor.runner.shape_key import ShapeKey
     from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
 
-    from sglang_ext.engine.dcut.runner import make_ragged_layout
+    from sglang_ext.engine.dcut.compact_verify import make_ragged_layout
 
     class DCutVerifyGraphRunner(DecodeCudaGraphRunner):
         """SGLang's decode/verify graph runner plus one TARGET_VERIFY graph per (bs, tier)."""

@@ -61,23 +61,19 @@ predicted chain survival per position; ``bench/dcut_throughput.py`` turns it on.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import math
-import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from sglang_ext.config import DCUT_CALIBRATION_POWER
 from sglang_ext.dcut import (
     DEFAULT_TIERS,
-    DRAFT_OFF_TIER,
     MODE_AUTO,
-    MODE_OFF,
     CompactTree,
     CostTable,
     DCutPlan,
@@ -91,14 +87,34 @@ from sglang_ext.dcut import (
     cut_links,
     draft_off_decision,
     observe_draft_gains,
-    scatter_to_full,
 )
 from sglang_ext.dcut.calibration import PowerCalibration
 from sglang_ext.dcut.depth import depth_decision
 from sglang_ext.dcut.online_costs import OFF_COLUMN, OnlineCosts, apply_factors
+from sglang_ext.engine.dcut.compact_verify import (
+    CompactVerify,
+    TargetForwardInterceptor,
+    graph_ineligible_width,
+    make_ragged_layout,
+)
 from sglang_ext.engine.dcut.depth_mode import DepthMode, adaptive_depths
+from sglang_ext.engine.dcut.metrics import (
+    EXEMPT_REASONS,
+    FULL_TIER,
+    TIMING_ENV,
+    DCutMetrics,
+    PendingObservation,
+    StepDecision,
+    StepTiming,
+)
 
 logger = logging.getLogger(__name__)
+
+LOG_INTERVAL_STEPS = 50
+"""Steps between two D-Cut log lines."""
+ONLINE_COSTS_SYNC_STEPS = 16
+"""With TP, decode steps between two broadcasts of rank 0's online cost corrections (every rank
+plans with the corrections of the last broadcast, so all ranks plan alike)."""
 
 __all__ = [
     "DCutRunner",
@@ -118,19 +134,6 @@ __all__ = [
     "TIMING_ENV",
 ]
 
-EXEMPT_REASONS = ("grammar", "logprobs", "penalties", "rejection_sampling")
-"""Why a request keeps its full tree (counted per request in the metrics)."""
-FULL_TIER = "full"
-"""Histogram key of steps verified at full width (no pruning)."""
-LOG_INTERVAL_STEPS = 50
-"""Steps between two D-Cut log lines."""
-_MAX_STEP_GAP_S = 5.0  # step intervals longer than this are idle time, not a step
-ONLINE_COSTS_SYNC_STEPS = 16
-"""With TP, decode steps between two broadcasts of rank 0's online cost corrections (every rank
-plans with the corrections of the last broadcast, so all ranks plan alike)."""
-TIMING_ENV = "SGLANG_EXT_DCUT_TIMING"
-"""Environment variable: ``1`` turns on the per-step time split (:class:`StepTiming`, diagnostics
-for benches; on GPU each timed section synchronizes the device, so it slows the server down)."""
 
 
 # ----------------------------------------------------------------------------- exemptions
@@ -218,499 +221,6 @@ def agree_across_ranks(
     packed[-1] = int(tier_index)
     group.broadcast(packed, src=0)
     return packed[:-1].view(keep_mask.shape).to(torch.bool), int(packed[-1].item())
-
-
-# ----------------------------------------------------------------------------- metrics
-@dataclass
-class StepDecision:
-    """What one verify step did (host values; see the module docstring for conventions)."""
-
-    batch_size: int
-    num_draft_tokens: int
-    tier: str  # tier ratio as text ("0.5"), FULL_TIER, or "fallback:<ratio>" (DCutPlan.tier_label)
-    mode: str
-    # kept rows incl. roots (padding excluded): bs * N when not pruned; for a pruned step a 0-d
-    # int64 device tensor, read only when the metrics are summarized (no host sync per step)
-    verified_tokens: Union[int, torch.Tensor]
-    padded_tokens: int  # rows of the target forward (tier width)
-    exempt_requests: int
-    predicted_ms: Optional[float] = None
-    pruned: bool = False  # some draft node of the step was left out of the verification
-    # cost-table column the step's wall time is attributed to for --dcut-online-costs: the auto
-    # tier index or OFF_COLUMN (draft-off); None = not comparable with the table (fixed or forced
-    # ratio, profiling, exempt requests, uncaptured drafts)
-    cost_column: Optional[int] = None
-
-    @classmethod
-    def full(cls, batch_size: int, num_draft_tokens: int, exempt_requests: int = 0) -> "StepDecision":
-        """A step verified in full (no pruning)."""
-        rows = batch_size * num_draft_tokens
-        return cls(batch_size, num_draft_tokens, FULL_TIER, MODE_OFF, rows, rows, exempt_requests)
-
-    @classmethod
-    def draft_off(cls, batch_size: int, predicted_ms: Optional[float] = None,
-                  cost_column: Optional[int] = None) -> "StepDecision":
-        """A draft-off step: no drafting, one verified token (the root) per request."""
-        return cls(batch_size, 1, DRAFT_OFF_TIER, DRAFT_OFF_TIER, batch_size, batch_size, 0, predicted_ms,
-                   cost_column=cost_column)
-
-
-STEP_PARTS = ("draft", "plan", "target_forward", "verify_rest", "draft_extend", "other")
-"""Parts of a decode step in :class:`StepTiming` (``verify_rest``: verify minus the target
-forward -- sampling, commit, D-Cut compaction; ``other``: the rest of the verify-to-verify
-interval -- scheduler, batch bookkeeping)."""
-
-
-@dataclass
-class StepTiming:
-    """Wall time per part of a decode step, summed over timed steps (opt-in, :data:`TIMING_ENV`).
-
-    :class:`DCutRunner` wraps the draft worker's ``draft`` / ``_draft_extend_for_decode`` and the
-    target worker's verify forward (instance attributes) and times its own planner and verify; a
-    step is the interval between two verify calls (idle gaps > 5 s are skipped). Also keeps the
-    histogram of accept lengths (bonus included, 1..N) over the requests of every step.
-
-    Examples
-    --------
-    >>> t = StepTiming(num_draft_tokens=4)
-    >>> t.add("draft", 0.002); t.add("target_forward", 0.003); t.end_step(0.006, [4, 2])
-    >>> s = t.summary()
-    >>> s["steps"], round(s["ms_per_step"]["other"], 3), s["accept_length_histogram"]
-    (1, 1.0, [0, 0, 1, 0, 1])
-    """
-
-    num_draft_tokens: int = 0  # histogram length N + 1 (grows with the accept lengths seen)
-    steps: int = 0
-    step_s: float = 0.0
-    part_s: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in STEP_PARTS})
-    _pending: Dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in STEP_PARTS})
-    accept_hist: List[int] = field(default_factory=list)
-    survival_sum: List[float] = field(default_factory=list)  # per draft position, sum over requests
-    survival_rows: int = 0
-
-    def add_survival(self, draft_survival: torch.Tensor) -> None:  # [batch_size, N - 1]
-        """Add the planner's predicted chain survival of each draft position (calibration check)."""
-        col = draft_survival.detach().float().sum(dim=0).tolist()
-        if len(self.survival_sum) < len(col):
-            self.survival_sum = self.survival_sum + [0.0] * (len(col) - len(self.survival_sum))
-        for i, v in enumerate(col):
-            self.survival_sum[i] += v
-        self.survival_rows += int(draft_survival.shape[0])
-
-    def add(self, part: str, seconds: float) -> None:
-        """Add ``seconds`` to ``part`` of the step in progress."""
-        self._pending[part] += seconds
-
-    def end_step(self, interval_s: Optional[float], accept_lens: Any = None) -> None:
-        """Close a step: ``interval_s`` since the previous verify (None: not timed, parts dropped)."""
-        if interval_s is not None:
-            parts = dict(self._pending)
-            parts["other"] = max(0.0, interval_s - sum(v for k, v in parts.items() if k != "other"))
-            for k, v in parts.items():
-                self.part_s[k] += v
-            self.step_s += interval_s
-            self.steps += 1
-        self._pending = {p: 0.0 for p in STEP_PARTS}
-        if accept_lens is not None:
-            lens = [max(int(a), 0) for a in (accept_lens.tolist() if hasattr(accept_lens, "tolist") else accept_lens)]
-            size = max([self.num_draft_tokens] + lens) + 1
-            if len(self.accept_hist) < size:
-                self.accept_hist = self.accept_hist + [0] * (size - len(self.accept_hist))
-            for a in lens:
-                self.accept_hist[a] += 1
-
-    def summary(self) -> Dict[str, Any]:
-        """JSON-able totals: ``steps``, ``step_ms`` (mean interval), ``ms_per_step`` per part,
-        ``accept_length_histogram`` (index = accept length incl. bonus), and the planner's
-        predicted survival per draft position summed over ``predicted_survival_rows`` requests
-        (chains only; position k's mean compares with P(accept length >= k + 1))."""
-        k = max(self.steps, 1)
-        return {
-            "steps": self.steps,
-            "step_ms": self.step_s * 1e3 / k,
-            "ms_per_step": {p: v * 1e3 / k for p, v in self.part_s.items()},
-            "accept_length_histogram": list(self.accept_hist),
-            "predicted_survival_sum": list(self.survival_sum),
-            "predicted_survival_rows": self.survival_rows,
-        }
-
-
-@dataclass
-class DCutMetrics:
-    """Running D-Cut statistics of one worker (host counters + device accumulators)."""
-
-    tiers: Tuple[float, ...]
-    steps: int = 0
-    pruned_steps: int = 0
-    full_tokens: int = 0  # sum of bs * N
-    verified_tokens: int = 0  # sum of kept rows (bonus-inclusive)
-    padded_tokens: int = 0  # sum of target-forward rows
-    requests: int = 0  # sum of bs
-    tier_histogram: Dict[str, int] = field(default_factory=dict)
-    draft_off_steps: int = 0  # steps run without drafting (also in tier_histogram as DRAFT_OFF_TIER)
-    exempt_requests: Dict[str, int] = field(default_factory=lambda: {r: 0 for r in EXEMPT_REASONS})
-    uncaptured_steps: int = 0
-    predicted_ms_sum: float = 0.0
-    measured_ms_sum: float = 0.0
-    timed_steps: int = 0
-    _accepted: Optional[torch.Tensor] = None  # device scalar, sum of accept_lens
-    _accepted_host: int = 0
-    _verified: Optional[torch.Tensor] = None  # device scalar, kept rows of pruned steps not yet folded
-    _open: Optional["OpenStep"] = None  # the decode step in progress (DCutRunner.begin_step)
-    _last_time: Optional[float] = None  # end of the previous verify (StepTiming only)
-    timing: Optional[StepTiming] = None  # created when TIMING_ENV is on
-
-    def __post_init__(self) -> None:
-        if self.timing is None and os.environ.get(TIMING_ENV, "0") not in ("", "0"):
-            self.timing = StepTiming()
-
-    def start_step(self, now: float, decode: bool) -> Optional[Tuple[StepDecision, float]]:
-        """The step clock: called at the start of every forward of the worker (``now`` from
-        ``time.perf_counter()``, no device sync), ``decode`` False for prefill / extend / idle.
-
-        Closes the decode step in progress: when this forward is the next decode step, the step
-        was recorded (:meth:`record`) and the interval is shorter than an idle gap (5 s), returns
-        ``(its decision, interval in ms)`` and adds it to the predicted / measured step times;
-        otherwise (a prefill or anything else in between, an idle gap) the interval is dropped.
-        A decode forward opens the next step.
-        """
-        prev, self._open = self._open, None
-        out = None
-        if decode and prev is not None and prev.decision is not None and 0.0 <= now - prev.started < _MAX_STEP_GAP_S:
-            ms = (now - prev.started) * 1e3
-            if prev.decision.predicted_ms is not None:
-                self.measured_ms_sum += ms
-                self.predicted_ms_sum += prev.decision.predicted_ms
-                self.timed_steps += 1
-            out = (prev.decision, ms)
-        if decode:
-            self._open = OpenStep(now)
-        return out
-
-    def record(self, d: StepDecision, accept_lens: Optional[torch.Tensor]) -> None:  # accept_lens: [batch_size]
-        if self.timing is not None:
-            now = time.perf_counter()
-            self.timing.num_draft_tokens = max(self.timing.num_draft_tokens, d.num_draft_tokens)
-            gap = None if self._last_time is None else now - self._last_time
-            self.timing.end_step(gap if gap is not None and gap < _MAX_STEP_GAP_S else None, accept_lens)
-            self._last_time = now
-        if self._open is not None:  # the step clock's step in progress is this one (the first verify counts)
-            if self._open.decision is None:
-                self._open.decision = d
-            else:  # two verifies in one forward: not a comparable step
-                self._open = None
-        self.steps += 1
-        self.requests += d.batch_size
-        self.full_tokens += d.batch_size * d.num_draft_tokens
-        if isinstance(d.verified_tokens, torch.Tensor):
-            v = d.verified_tokens.detach().to(torch.int64)
-            self._verified = v if self._verified is None else self._verified + v
-        else:
-            self.verified_tokens += int(d.verified_tokens)
-        self.padded_tokens += d.padded_tokens
-        if d.pruned:
-            self.pruned_steps += 1
-        if d.tier == DRAFT_OFF_TIER:
-            self.draft_off_steps += 1
-        self.tier_histogram[d.tier] = self.tier_histogram.get(d.tier, 0) + 1
-        if accept_lens is not None:
-            s = accept_lens.detach().sum().to(torch.int64)
-            self._accepted = s if self._accepted is None else self._accepted + s
-
-    def accepted_tokens(self) -> int:
-        """Sum of ``accept_lens`` over recorded steps (one host sync, folded into a host int)."""
-        if self._accepted is not None:
-            self._accepted_host += int(self._accepted.item())
-            self._accepted = None
-        return self._accepted_host
-
-    def _fold_verified(self) -> None:
-        """Add the device-side kept-row count of pruned steps to ``verified_tokens`` (one host sync)."""
-        if self._verified is not None:
-            self.verified_tokens += int(self._verified.item())
-            self._verified = None
-
-    def summary(self) -> Dict[str, Any]:
-        """JSON-able snapshot (``/server_info`` ``internal_states[i]["dcut"]["metrics"]``)."""
-        accepted = self.accepted_tokens()
-        self._fold_verified()
-        kept_drafts = self.verified_tokens - self.requests
-        return {
-            "steps": self.steps,
-            "pruned_steps": self.pruned_steps,
-            "keep_ratio": (self.verified_tokens / self.full_tokens) if self.full_tokens else None,
-            "verified_tokens": self.verified_tokens,
-            "padded_tokens": self.padded_tokens,
-            "full_tokens": self.full_tokens,
-            "accepted_tokens": accepted,
-            "accepted_per_verified": (accepted / self.verified_tokens) if self.verified_tokens else None,
-            "draft_accept_rate": ((accepted - self.requests) / kept_drafts) if kept_drafts > 0 else None,
-            "mean_accept_length": (accepted / self.requests) if self.requests else None,
-            "tier_histogram": dict(sorted(self.tier_histogram.items())),
-            "draft_off_steps": self.draft_off_steps,
-            "exempt_requests": dict(self.exempt_requests),
-            "uncaptured_steps": self.uncaptured_steps,
-            "predicted_step_ms": (self.predicted_ms_sum / self.timed_steps) if self.timed_steps else None,
-            "measured_step_ms": (self.measured_ms_sum / self.timed_steps) if self.timed_steps else None,
-            "step_timing": None if self.timing is None else self.timing.summary(),
-        }
-
-    def log_line(self) -> str:
-        s = self.summary()
-
-        def f(x, fmt="{:.3f}"):
-            return "n/a" if x is None else fmt.format(x)
-
-        hist = ", ".join(f"{k}:{v}" for k, v in s["tier_histogram"].items())
-        return (f"D-Cut: steps {s['steps']}, keep ratio {f(s['keep_ratio'])}, verified {s['verified_tokens']} / "
-                f"accepted {s['accepted_tokens']} tokens (draft accept rate {f(s['draft_accept_rate'])}), "
-                f"tiers [{hist}], draft-off steps {s['draft_off_steps']}, step ms predicted {f(s['predicted_step_ms'], '{:.2f}')} / measured "
-                f"{f(s['measured_step_ms'], '{:.2f}')}, exempt {s['exempt_requests']}")
-
-
-@dataclass
-class OpenStep:
-    """A decode step in progress on the step clock (:meth:`DCutMetrics.start_step`)."""
-
-    started: float  # time.perf_counter() at the start of the step's forward
-    decision: Optional[StepDecision] = None  # set by DCutMetrics.record
-
-
-@dataclass
-class PendingObservation:
-    """What :meth:`DCutRunner.choose_step` kept, waiting for the step's accept lengths."""
-
-    scores: torch.Tensor  # [num_candidates, slots] raw survival of the draft slots
-    kept: torch.Tensor  # [num_candidates, slots] bool
-    cand: Optional[torch.Tensor]  # [num_candidates] batch rows; None = every row
-
-
-# ----------------------------------------------------------------------------- compact verify
-@dataclass
-class CompactVerify:
-    """Everything the intercepted target forward needs for one pruned step.
-
-    Built by :meth:`DCutRunner.compact_verify` (both runners) from ``sglang_ext.dcut.compact_tree``;
-    consumed by :class:`TargetForwardInterceptor`.
-    ``num_tokens`` is the tier's verify width (kept rows plus pad rows).
-
-    Examples
-    --------
-    >>> import torch
-    >>> cv = CompactVerify(kept_index=torch.tensor([0, 1, 4, -1]), draft_token=torch.tensor([7, 8, 9, 0]),
-    ...                    positions=torch.tensor([5, 6, 3, 0]), custom_mask=torch.ones(0, dtype=torch.bool),
-    ...                    layout=None, total_nodes=8)
-    >>> int((cv.kept_index >= 0).sum())  # kept rows; the last row is padding
-    3
-    """
-
-    kept_index: torch.Tensor  # [num_tokens] int64, strided global id, PAD_INDEX on pad rows
-    draft_token: torch.Tensor  # [num_tokens]
-    positions: torch.Tensor  # [num_tokens]
-    custom_mask: torch.Tensor  # [mask_len] bool, compact FULL layout
-    layout: Any  # RaggedVerifyLayout
-    total_nodes: int  # bs * N (rows of the strided layout)
-
-
-def make_ragged_layout(counts: torch.Tensor, qo_indptr: torch.Tensor, num_tokens: int):
-    """SGLang's ``RaggedVerifyLayout`` for per-request verify lengths (device only, no host sync).
-
-    Parameters
-    ----------
-    counts : torch.Tensor
-        ``[batch_size]`` kept verify rows per request.
-    qo_indptr : torch.Tensor
-        ``[batch_size + 1]`` exclusive offsets of each request's rows (leading 0).
-    num_tokens : int
-        Rows of the compacted forward (the tier width; ``>= qo_indptr[-1]``, the rest is padding).
-
-    Returns
-    -------
-    sglang.srt.speculative.ragged_verify.RaggedVerifyLayout
-
-    Examples
-    --------
-    >>> import torch
-    >>> lay = make_ragged_layout(torch.tensor([3, 1]), torch.tensor([0, 3, 4]), 4)
-    >>> lay.verify_lens.tolist(), lay.extend_start_loc.tolist(), lay.graph_num_tokens
-    ([3, 1], [0, 3], 4)
-    """
-    from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
-
-    return RaggedVerifyLayout(
-        verify_lens=counts.to(torch.int32),  # [batch_size]
-        graph_num_tokens=int(num_tokens),
-        extend_start_loc=qo_indptr[:-1].to(torch.int32),  # [batch_size]
-        qo_indptr_device=qo_indptr.to(torch.int32),  # [batch_size + 1]
-    )
-
-
-def reset_token_counts(fb: Any, device: Any, *, is_draft_worker: bool) -> None:
-    """Recount a forward batch's non-padded tokens after its rows were swapped (compacted or restored)."""
-    init = getattr(fb, "_init_num_token_non_padded", None)
-    if init is not None:
-        init(device=device, is_draft_worker=is_draft_worker)
-
-
-def graph_ineligible_width(num_draft_tokens: int) -> int:
-    """``num_tokens_per_req`` of a compacted verify: positive and != N, so SGLang's bs-keyed target
-    graphs (captured at width N) refuse it (``DecodeCudaGraphRunner.can_run_graph`` lets widths
-    <= 0 through).
-
-    Examples
-    --------
-    >>> graph_ineligible_width(16)
-    17
-    """
-    return int(num_draft_tokens) + 1
-
-
-VerifyPlanSource = Union[CompactVerify, Callable[[Any], Optional[CompactVerify]]]
-"""What :class:`TargetForwardInterceptor` compacts: a :class:`CompactVerify` known before the verify
-(EAGLE), or a function ``forward_batch -> CompactVerify | None`` called at the TARGET_VERIFY forward
-(DFlash, whose draft confidences exist only then; None runs that forward uncompacted)."""
-
-
-class TargetForwardInterceptor:
-    """Per-instance wrapper of ``target_worker.forward_batch_generation`` for one verify call: the
-    one target-forward swap of both D-Cut runners (EAGLE and DFlash).
-
-    The first TARGET_VERIFY forward batch (strided, ``bs * N`` rows) is compacted in place to the
-    plan's kept rows, the original forward runs over them (planned for them: a plan SGLang made for
-    the strided batch is not reused), the outputs are scattered back to the strided layout, and
-    every compacted field of the forward batch is restored. Any other call (draft forwards,
-    non-verify modes, a second verify) passes through unchanged; ``calls`` counts the TARGET_VERIFY
-    forwards. Used as a context manager around one verify::
-
-        with TargetForwardInterceptor(worker.target_worker, plan, verify_input=vi) as icpt:
-            result = base_verify(batch)
-        assert icpt.calls == 1
-
-    Parameters
-    ----------
-    target_worker : sglang TpModelWorker
-        The target worker whose ``forward_batch_generation`` is wrapped (instance attribute,
-        removed again on exit).
-    plan : CompactVerify or callable
-        See :data:`VerifyPlanSource`.
-    verify_input : sglang SpecInput, optional
-        The step's verify input, when ``plan`` is known before SGLang builds the verify batch: its
-        ``num_tokens_per_req`` is :func:`graph_ineligible_width` inside the context, so SGLang's
-        verify preparation (``eagle_prepare_for_verify``: ``can_run_graph``, then ``load_batch``)
-        does not plan a uniform graph for the strided batch that the compacted forward would
-        replace (one attention plan per compacted step).
-    """
-
-    def __init__(self, target_worker: Any, plan: VerifyPlanSource, verify_input: Any = None):
-        self.target_worker = target_worker
-        self.plan = plan
-        self.verify_input = verify_input
-        self.calls = 0
-        self._saved = None
-        self._saved_width = None
-
-    def __enter__(self):
-        tw = self.target_worker
-        self._had_instance_attr = "forward_batch_generation" in vars(tw)
-        self._saved = vars(tw).get("forward_batch_generation")
-        original = tw.forward_batch_generation
-
-        def forward_batch_generation(*args, **kwargs):
-            fb = kwargs.get("forward_batch")
-            if not kwargs.get("is_verify", False) or fb is None or not fb.forward_mode.is_target_verify():
-                return original(*args, **kwargs)
-            self.calls += 1
-            plan = self.plan if self.calls == 1 else None
-            if plan is not None and not isinstance(plan, CompactVerify):
-                plan = plan(fb)
-            if plan is None:
-                return original(*args, **kwargs)
-            return self._run(original, fb, plan, args, kwargs)
-
-        tw.forward_batch_generation = forward_batch_generation
-        vi = self.verify_input
-        n = int(getattr(vi, "draft_token_num", 0) or 0)
-        if n > 1 and isinstance(self.plan, CompactVerify):
-            self._saved_width = vi.num_tokens_per_req
-            vi.num_tokens_per_req = graph_ineligible_width(n)
-        return self
-
-    def __exit__(self, *exc):
-        tw = self.target_worker
-        if self._had_instance_attr:
-            tw.forward_batch_generation = self._saved
-        else:
-            vars(tw).pop("forward_batch_generation", None)
-        if self._saved_width is not None:
-            self.verify_input.num_tokens_per_req = self._saved_width
-            self._saved_width = None
-        return False
-
-    def _run(self, original: Callable, fb: Any, p: CompactVerify, args, kwargs):
-        saved = {
-            "input_ids": fb.input_ids,
-            "positions": fb.positions,
-            "spec_info": fb.spec_info,
-            "out_cache_loc": fb.out_cache_loc,
-            "out_cache_loc_virtual": getattr(fb, "out_cache_loc_virtual", None),
-            "out_cache_loc_is_physical": getattr(fb, "out_cache_loc_is_physical", False),
-            "kv_loc_cols": getattr(fb, "kv_loc_cols", None),
-        }
-        saved["metadata_ready"] = getattr(fb, "forward_metadata_ready", None)
-        spec = copy.copy(fb.spec_info)
-        spec.custom_mask = p.custom_mask
-        spec.positions = p.positions
-        spec.ragged_verify_layout = p.layout
-        # The kept nodes' strided ids, for attention backends that plan the window columns
-        # themselves when SGLang made no kv_loc_plan (trees): flashinfer_dcut's verify_kept_cols.
-        spec.dcut_kept_index = p.kept_index
-        # A positive width != N: the uniform-width target graph is never replayed for a compact
-        # step (DecodeCudaGraphRunner.can_run_graph; docs/sglang_internals.md#pruned-verification, step 6) ...
-        n = int(getattr(spec, "draft_token_num", 0) or 0)
-        if n > 1:
-            spec.num_tokens_per_req = graph_ineligible_width(n)
-        fb.spec_info = spec
-        if saved["metadata_ready"]:
-            # ... and a plan made for the strided batch is not reused: neither a graph pre-plan
-            # (load_batch) ...
-            fb.forward_metadata_ready = False
-        if kwargs.get("skip_attn_backend_init"):
-            # ... nor an eager one the caller asks to keep (DFlash: prepare_for_verify planned the
-            # strided batch; TpModelWorker maps this deprecated flag onto forward_metadata_ready).
-            kwargs = dict(kwargs, skip_attn_backend_init=None)
-        fb.input_ids = p.draft_token
-        fb.positions = p.positions
-        plan = getattr(fb, "kv_loc_plan", None)
-        translator = getattr(self.target_worker.model_runner, "kv_index_translator", None)
-        if plan is not None and translator is not None:
-            plan.bind(fb, translator, cols=p.kept_index)
-        else:  # no plan: gather the strided window directly (pad rows -> sink slot 0)
-            loc = saved["out_cache_loc"]
-            fb.out_cache_loc = torch.where(p.kept_index >= 0, loc[p.kept_index.clamp(min=0)],
-                                           torch.zeros_like(p.kept_index).to(loc.dtype))
-        reset_token_counts(fb, self.target_worker.model_runner.device, is_draft_worker=False)
-        try:
-            result = original(*args, **kwargs)
-        finally:
-            if saved["metadata_ready"] is not None:
-                fb.forward_metadata_ready = saved["metadata_ready"]
-            fb.spec_info = saved["spec_info"]
-            fb.input_ids = saved["input_ids"]
-            fb.positions = saved["positions"]
-            if plan is not None and translator is not None:
-                plan.bind(fb, translator, cols=saved["kv_loc_cols"])
-            fb.out_cache_loc = saved["out_cache_loc"]
-            if hasattr(fb, "out_cache_loc_virtual"):
-                fb.out_cache_loc_virtual = saved["out_cache_loc_virtual"]
-            fb.out_cache_loc_is_physical = saved["out_cache_loc_is_physical"]
-            reset_token_counts(fb, self.target_worker.model_runner.device, is_draft_worker=False)
-        lo = result.logits_output
-        if lo is not None:
-            if lo.next_token_logits is not None:
-                lo.next_token_logits = scatter_to_full(lo.next_token_logits, p.kept_index, p.total_nodes)
-            if lo.hidden_states is not None:
-                lo.hidden_states = scatter_to_full(lo.hidden_states, p.kept_index, p.total_nodes)
-        return result
 
 
 # ----------------------------------------------------------------------------- the runner
