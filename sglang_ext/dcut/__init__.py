@@ -7,6 +7,7 @@ The SGLang glue (``sglang_ext.engine``) calls these functions and nothing else:
   :func:`confidence_from_probs`, :func:`chain_survival`, :func:`tree_survival`;
 * the planner: :func:`choose` (tier + global top-K) -> :class:`DCutPlan`; the mode table
   :data:`TIER_POLICIES` (one function per tier policy) and :func:`parse_mode`;
+* the draft-off choice of ``auto``: :func:`draft_off_decision`, :class:`DraftOffParams`;
 * tiers: :func:`keep_count` (bonus-inclusive, exact), :data:`DEFAULT_TIERS`,
   :data:`FALLBACK_RATIO`;
 * the cost table: :class:`CostTable`, :class:`CostTableKey`, :class:`CostTableError`;
@@ -34,26 +35,28 @@ from sglang_ext.dcut.cost_table import (
     CostTableError,
     CostTableKey,
 )
+from sglang_ext.dcut.draft_off import (
+    DRAFT_OFF_TIER,
+    DraftOffDecision,
+    DraftOffParams,
+    DraftOffState,
+    draft_off_decision,
+    observe_draft_gains,
+    probe_wait,
+)
 from sglang_ext.dcut.planner import (
     MODE_AUTO,
     MODE_FALLBACK,
     MODE_OFF,
     MODE_RATIO,
-    DRAFT_OFF_TIER,
     TIER_POLICIES,
     DCutMode,
     DCutPlan,
-    DraftOffDecision,
-    DraftOffParams,
-    DraftOffState,
     PolicyInput,
     TierChoice,
     choose,
-    draft_off_decision,
     forward_costs,
-    observe_draft_gains,
     parse_mode,
-    probe_wait,
     reset_fallback_warning,
 )
 from sglang_ext.dcut.scores import (
@@ -73,25 +76,27 @@ from sglang_ext.dcut.tiers import (
     smallest_fitting_tier,
     tier_keep_counts,
 )
+from sglang_ext.dcut.compaction import (
+    CompactTree,
+    build_full_mask,
+    compact_tree,
+    scatter_to_full,
+    tree_block_from_full_mask,
+)
 from sglang_ext.dcut.tree import (
     NO_LINK,
     NO_PARENT,
     NOT_KEPT,
     PAD_INDEX,
     UNREACHABLE_DEPTH,
-    CompactTree,
     TreeTopology,
     ancestor_mask,
-    build_full_mask,
     chain_keep_mask,
     chain_retrive,
-    compact_tree,
     cut_links,
     parents_from_retrive,
     path_reduce,
     retrive_from_parents,
-    scatter_to_full,
-    tree_block_from_full_mask,
 )
 
 __all__ = [

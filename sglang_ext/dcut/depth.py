@@ -29,7 +29,7 @@ Choice (:func:`depth_decision`): with ``C_s`` the cost table's cost of the depth
 row of ``bs``, ``U_s = bs * (1 + E(s)) / C_s`` (expected committed tokens per ms); switch from the
 current depth to the best one when ``U_best > (1 + margin) * U_current`` and the current depth has
 run ``min_dwell`` steps (or at once when no depth is current). Depth 0 (no drafting) is not a
-column: it is the draft-off choice of :func:`sglang_ext.dcut.planner.draft_off_decision`, given
+column: it is the draft-off choice of :func:`sglang_ext.dcut.draft_off.draft_off_decision`, given
 ``E`` of every depth as its gains and this table (the depths' tiers as columns).
 
 Examples

@@ -24,7 +24,8 @@ from sglang_ext.dcut.online_costs import (
     apply_factors,
     unit_factors,
 )
-from sglang_ext.dcut.planner import DraftOffParams, DraftOffState, choose, draft_off_decision
+from sglang_ext.dcut.draft_off import DraftOffParams, DraftOffState, draft_off_decision
+from sglang_ext.dcut.planner import choose
 
 TIERS = (0.25, 0.5, 0.75, 1.0)
 N = 16  # the 15-step chain: 15 drafts + the bonus/root slot

@@ -6,7 +6,7 @@ blocks the host until the device catches up. Checked: the FlashInfer verify plan
 (``flashinfer_dcut.plan_verify`` / ``select_kept_kv`` with the host-known prefix total; the mask
 is no longer packed on the serving path: FlashInfer packs it), the planner's score image
 (``dcut.budget._score_image``) and the FULL mask with a host-known length
-(``dcut.tree.build_full_mask(..., mask_len=...)``). Pure torch, no SGLang.
+(``dcut.compaction.build_full_mask(..., mask_len=...)``). Pure torch, no SGLang.
 
 Budget: < 5 s.
 """

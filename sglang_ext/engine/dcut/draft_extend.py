@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from sglang_ext.config import DRAFT_EXTEND_ACCEPTED, DRAFT_EXTEND_CHOICES, DRAFT_EXTEND_WINDOW  # noqa: F401
-from sglang_ext.dcut.tree import scatter_to_full
+from sglang_ext.dcut.compaction import scatter_to_full
 from sglang_ext.engine.dcut.compact_verify import reset_token_counts
 
 logger = logging.getLogger(__name__)
