@@ -75,8 +75,10 @@ from sglang_ext.dcut import (  # noqa: E402
 )
 from sglang_ext.dcut.tiers import DEFAULT_TIERS  # noqa: E402
 from sglang_ext.engine.attention import flashinfer_dcut as fv  # noqa: E402
+from sglang_ext.engine.attention import flashinfer_verify_plan as fvp  # noqa: E402
 from sglang_ext.engine.cpu.spec_ops import verify_tree_greedy_cpu  # noqa: E402
-from sglang_ext.engine.attention.torch_sdpa_plan import plan_target_verify, run_plan  # noqa: E402
+from sglang_ext.engine.attention.torch_sdpa_modes import plan_target_verify  # noqa: E402
+from sglang_ext.engine.attention.torch_sdpa_plan import run_plan  # noqa: E402
 
 SGLANG_VERSION = "0.5.23"
 WORKSPACE_BYTES = 512 * 1024 * 1024  # SGLang's FlashInfer workspace for Qwen models
@@ -216,7 +218,7 @@ def capture_plan(bs: int, n: int, num_tokens: int, use_mask: bool, device) -> fv
     counts = torch.tensor(fv.capture_counts(bs, n, num_tokens), device=device)
     qo = fv.ragged_qo_indptr(counts)
     p = torch.ones(bs, dtype=torch.int64, device=device)
-    wip = fv._exclusive(p + n).to(torch.int32)
+    wip = fvp._exclusive(p + n).to(torch.int32)
     wkv = torch.ones(int(wip[-1]), dtype=torch.int32, device=device)  # slot 1: any valid slot
     mask = None
     if use_mask:

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import sglang_ext.engine.attention.flashinfer_dcut as fv
+import sglang_ext.engine.attention.flashinfer_verify_plan as fvp
 from sglang_ext.dcut import (
     TreeTopology,
     build_full_mask,
@@ -35,19 +36,22 @@ from sglang_ext.dcut import (
     retrive_from_parents,
     tree_survival,
 )
-from sglang_ext.engine.attention.torch_sdpa_plan import plan_target_verify, run_plan
+from sglang_ext.engine.attention.torch_sdpa_modes import plan_target_verify
+from sglang_ext.engine.attention.torch_sdpa_plan import run_plan
 
 
 def test_doctests_pass():
-    res = doctest.testmod(fv)
-    assert res.attempted >= 15 and res.failed == 0
+    plan, backend = doctest.testmod(fvp), doctest.testmod(fv)
+    assert plan.attempted + backend.attempted >= 15 and plan.failed == backend.failed == 0
 
 
-def test_module_is_pure():
+@pytest.mark.parametrize("module", [fv, fvp], ids=["flashinfer_dcut", "flashinfer_verify_plan"])
+def test_module_is_pure(module):
+    # no SGLang or FlashInfer import at module level (the backend imports them lazily, on CUDA)
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(fv))
+    tree = ast.parse(inspect.getsource(module))
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     names = [a.name for n in top for a in n.names] + [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
     assert not any(x.startswith(("sglang.", "flashinfer")) or x in ("sglang", "flashinfer") for x in names)
@@ -182,7 +186,7 @@ def test_plan_matches_torch_backend_on_pruned_batches(tree, ratio):
     assert vp.num_tokens == c.width and vp.batch_size == 5 and vp.num_requests == 5 + fv.PAD_REQUESTS
     pad_rows = c.width - c.total  # the padding request: the rows past the kept ones, pad_rows + 1 sink keys
     assert vp.qo_indptr.tolist() == qo.tolist() + [c.width]  # q.shape[0] == qo_indptr[-1] (FlashInfer's check)
-    assert vp.kv_indptr.tolist() == fv._exclusive(torch.cat([c.p + c.ct.counts, torch.tensor([pad_rows + 1])])).tolist()
+    assert vp.kv_indptr.tolist() == fvp._exclusive(torch.cat([c.p + c.ct.counts, torch.tensor([pad_rows + 1])])).tolist()
     assert vp.kv_indices[int(vp.kv_indptr[-2]):].tolist() == [fv.SINK_SLOT] * (pad_rows + 1)
     if tree:
         assert torch.equal(vp.mask_indptr[:-1], build_full_mask(c.ct.tree_block, c.ct.counts, c.p)[1])
@@ -294,13 +298,13 @@ def test_dry_run_on_cpu_runs_every_part(tmp_path):
 
 def test_dry_run_fails_on_a_corrupted_mask(tmp_path, monkeypatch):
     rgc = _script()
-    real = rgc.fv.pack_mask_segments
+    real = rgc.fvp.pack_mask_segments  # plan_verify's own (flashinfer_dcut re-exports it)
 
     def broken(mask, indptr):
         packed, ip = real(mask, indptr)
         return torch.zeros_like(packed), ip  # every tree cell masked out
 
-    monkeypatch.setattr(rgc.fv, "pack_mask_segments", broken)
+    monkeypatch.setattr(rgc.fvp, "pack_mask_segments", broken)
     out = str(tmp_path)
     assert rgc.main(["--dry-run", "--out", out, "--skip-moe"]) == 1
     a = _summary(out)["a_correctness"]

@@ -23,20 +23,17 @@ import math
 import pytest
 import torch
 
+from sglang_ext.engine.attention import torch_sdpa_modes as tbm
 from sglang_ext.engine.attention import torch_sdpa_plan as tbp
-from sglang_ext.engine.attention.torch_sdpa_plan import (
+from sglang_ext.engine.attention.torch_sdpa_modes import (
     NO_DRAFT_ROUND,
-    NO_PADDED_SOURCE,
     DraftRoundKV,
-    KVWorkspace,
-    MaskKind,
-    make_plan,
     plan_draft_decode,
     plan_draft_round,
     plan_target_verify,
     run_draft_round_step,
-    run_plan,
 )
+from sglang_ext.engine.attention.torch_sdpa_plan import NO_PADDED_SOURCE, KVWorkspace, MaskKind, make_plan, run_plan
 
 HQ, HKV, D = 4, 2, 8
 SLOTS, MAX_REQS, CTX = 2048, 8, 160
@@ -99,7 +96,7 @@ def test_one_pass_gather_and_workspace_are_bit_identical(seed):
         plan = plan_target_verify(r2t, rows, seq_lens, q_lens, torch.cat(cells))
     else:  # plain decode rows
         q_lens = [1] * bs
-        plan = tbp.plan_decode(r2t, rows, [s + 1 for s in seq_lens])
+        plan = tbm.plan_decode(r2t, rows, [s + 1 for s in seq_lens])
     assert plan.kv_src is not None
     t = sum(q_lens) + int(torch.randint(0, 3, (1,), generator=gen))  # pad lanes past sum(q_i)
     q = torch.randn(t, HQ, D, generator=gen)

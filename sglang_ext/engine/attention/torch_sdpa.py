@@ -100,21 +100,18 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from sglang_ext.engine.attention.torch_sdpa_plan import (
+from sglang_ext.engine.attention.torch_sdpa_modes import (
     NO_DRAFT_ROUND,
-    AttentionPlan,
     DraftRoundKV,
     DraftRoundPlan,
-    KVWorkspace,
-    empty_plan,
     plan_decode,
     plan_draft_decode,
     plan_draft_round,
     plan_extend,
     plan_target_verify,
     run_draft_round_step,
-    run_plan,
 )
+from sglang_ext.engine.attention.torch_sdpa_plan import AttentionPlan, KVWorkspace, empty_plan, run_plan
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.verify_mask import VerifyMask
@@ -345,12 +342,12 @@ class DraftRound:
 
     Built by :meth:`TorchSDPAMultiStepDraftBackend.init_forward_metadata`. Each step's keys are
     the committed prefix plus the branch's rows of the earlier steps; with a
-    :class:`~sglang_ext.engine.attention.torch_sdpa_plan.DraftRoundPlan` the prefix is gathered
+    :class:`~sglang_ext.engine.attention.torch_sdpa_modes.DraftRoundPlan` the prefix is gathered
     once per layer and round, and every step appends its own rows
-    (:func:`~sglang_ext.engine.attention.torch_sdpa_plan.run_draft_round_step`). Where that shortcut
+    (:func:`~sglang_ext.engine.attention.torch_sdpa_modes.run_draft_round_step`). Where that shortcut
     is not exact (a quantized or differently typed pool, a layer that does not write its rows,
     a request with no committed token) the step runs its own
-    :func:`~sglang_ext.engine.attention.torch_sdpa_plan.plan_draft_decode` plan instead.
+    :func:`~sglang_ext.engine.attention.torch_sdpa_modes.plan_draft_decode` plan instead.
     """
 
     def __init__(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: List[int],
@@ -391,7 +388,7 @@ class TorchSDPAMultiStepDraftBackend:
     every child from the committed lengths ``s`` of that moment (the draft loop advances
     ``positions`` in place but never ``seq_lens``). Query rows are ``B * topk`` in
     ``(request, branch)`` row-major order; see
-    :func:`~sglang_ext.engine.attention.torch_sdpa_plan.plan_draft_decode` for the kv layout.
+    :func:`~sglang_ext.engine.attention.torch_sdpa_modes.plan_draft_decode` for the kv layout.
     """
 
     needs_cpu_seq_lens = True
