@@ -76,6 +76,7 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
 
                 self.deferred_extend = DeferredDraftExtend(self, self.ext_config.dcut.draft_off_extend,
                                                            self.dcut.preview_draft_off)
+                self.dcut.trace_extra = self.deferred_extend.stats.summary  # step-trace lines
         if self.ext_config.specexit.enabled:
             from sglang_ext.engine.specexit.runner import SpecExitRunner
 

@@ -28,6 +28,40 @@ TIMING_ENV = "SGLANG_EXT_DCUT_TIMING"
 """Environment variable: ``1`` turns on the per-step time split (:class:`StepTiming`, diagnostics
 for benches; on GPU each timed section synchronizes the device, so it slows the server down)."""
 _MAX_STEP_GAP_S = 5.0  # step intervals longer than this are idle time, not a step
+STEP_TRACE_ENV = "SGLANG_EXT_DCUT_STEP_TRACE"
+"""Environment variable: a path prefix; each scheduler process then appends one JSON line per timed
+decode step to ``<prefix>.<pid>.jsonl`` (:class:`StepTrace`; diagnostics, ``bench/dcut_step_trace.py``
+reads them)."""
+
+
+class StepTrace:
+    """One JSON line per decode step the step clock closed: what the step ran (batch size, tier or
+    draft-off, the cost-table column its time corrects, None when not comparable), the predicted and
+    the measured wall time (ms, from this step's start to the next one's), and the cumulative counters
+    ``context()`` returns at that moment (the deferred draft extend's catch-ups, set by the worker).
+    Opened from :data:`STEP_TRACE_ENV`; None when it is unset."""
+
+    def __init__(self, prefix: str):
+        self.path = f"{prefix}.{os.getpid()}.jsonl"
+        self._file = open(self.path, "a", buffering=1)
+        self.context = None  # Callable[[], dict] or None
+        self.steps = 0
+
+    @classmethod
+    def from_env(cls) -> Optional["StepTrace"]:
+        prefix = os.environ.get(STEP_TRACE_ENV, "")
+        return cls(prefix) if prefix else None
+
+    def write(self, decision: "StepDecision", ms: float) -> None:
+        import json
+
+        self.steps += 1
+        line = {"step": self.steps, "bs": decision.batch_size, "tier": decision.tier,
+                "column": decision.cost_column, "ms": round(ms, 3),
+                "predicted_ms": None if decision.predicted_ms is None else round(decision.predicted_ms, 3)}
+        if self.context is not None:
+            line.update(self.context())
+        self._file.write(json.dumps(line) + "\n")
 
 
 @dataclass
@@ -168,10 +202,13 @@ class DCutMetrics:
     _open: Optional["OpenStep"] = None  # the decode step in progress (DCutRunner.begin_step)
     _last_time: Optional[float] = None  # end of the previous verify (StepTiming only)
     timing: Optional[StepTiming] = None  # created when TIMING_ENV is on
+    trace: Optional[StepTrace] = None  # created when STEP_TRACE_ENV is set
 
     def __post_init__(self) -> None:
         if self.timing is None and os.environ.get(TIMING_ENV, "0") not in ("", "0"):
             self.timing = StepTiming()
+        if self.trace is None:
+            self.trace = StepTrace.from_env()
 
     def start_step(self, now: float, decode: bool) -> Optional[Tuple[StepDecision, float]]:
         """The step clock: called at the start of every forward of the worker (``now`` from
@@ -192,6 +229,8 @@ class DCutMetrics:
                 self.predicted_ms_sum += prev.decision.predicted_ms
                 self.timed_steps += 1
             out = (prev.decision, ms)
+            if self.trace is not None:
+                self.trace.write(prev.decision, ms)
         if decode:
             self._open = OpenStep(now)
         return out

@@ -476,6 +476,8 @@ class DCutRunner:
         plans with the broadcast factors (the same table on every rank, so tier and draft-off
         choices stay identical, as with the launch-time table).
         """
+        if self.metrics.trace is not None:
+            self.metrics.trace.context = self._trace_context
         closed = self.metrics.start_step(time.perf_counter(), decode)
         oc = self.online_costs
         if oc is None:
@@ -491,6 +493,16 @@ class DCutRunner:
                 self._applied_factors, self._applied_version = oc.factors(), oc.version
         elif self._clock_steps % ONLINE_COSTS_SYNC_STEPS == 0:
             self._applied_factors = sync_factors(oc.factors(), group)
+
+    def _trace_context(self) -> Dict[str, Any]:
+        """What a step-trace line (``SGLANG_EXT_DCUT_STEP_TRACE``) adds: whether a runtime knob or the
+        profiler forced the step, the online-cost factor of the step's column now, and the counters
+        ``trace_extra`` returns (the worker's deferred draft extend)."""
+        out: Dict[str, Any] = {"forced": not self._observed_mode()}
+        extra = getattr(self, "trace_extra", None)
+        if extra is not None:
+            out.update(extra())
+        return out
 
     def planning_table(self) -> Optional[CostTable]:
         """The table auto plans with: the launch-time table times the online corrections in use
