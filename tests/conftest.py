@@ -112,3 +112,12 @@ def _quiet_swig_at_exit() -> None:
 # gone: ``sys:1: DeprecationWarning: builtin type swigvarlink has no __module__ attribute``. This
 # handler runs last (the first registered); from then on that one line is dropped, nothing else.
 atexit.register(_quiet_swig_at_exit)
+
+
+def pytest_unconfigure(config):
+    # SGLang's Engine registers its shutdown with atexit; an engine a test already shut down logs
+    # "kill_process_tree called" once more at exit, to a stream pytest's capture has closed by then.
+    # Logging's own "--- Logging error ---" report of that write is noise after the summary.
+    import logging
+
+    logging.raiseExceptions = False

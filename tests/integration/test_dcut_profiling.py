@@ -175,7 +175,7 @@ def test_second_setup_profiles_anew_and_fills_skipped_sizes(first_launch, tiny_m
     assert table["off_ms"][2] == table["off_ms"][1]  # the draft-off cost is filled the same way
     assert src["filled"] == {"4096": 4} and "request rows" in src["skipped"]["4096"]
     assert "profiling skips batch size 4096" in log
-    assert re.search(r"D-Cut: profiling the cost table: batch sizes \[1, 4\] .* prefill groups of 2 requests", log)
+    assert re.search(r"D-Cut: profiling the cost table: batch sizes \[4, 1\] .* prefill groups of 2 requests", log)
     # one progress line per batch size (largest first), the last one with nothing left
     plan_at = log.index("D-Cut: profiling the cost table")
     rows = re.findall(r"D-Cut: cost profiling (\d)/2 batch sizes done \(batch size (\d+) in [\d.]+ s\), about (\d+) s left",
