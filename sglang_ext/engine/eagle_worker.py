@@ -185,12 +185,18 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
         self.dcut.step_draft_off = True
         deferred = self.deferred_extend
         defer = deferred is not None and self.dcut.forced_draft_off is None  # the profiler times SGLang's step
-        if defer:  # shadow the draft worker's extend for this call (instance attribute, removed below)
-            dw._draft_extend_for_decode = functools.partial(deferred.extend, type(dw)._draft_extend_for_decode.__get__(dw))
+        # shadow the draft worker's extend for this call (instance attribute, restored below). It wraps
+        # what the attribute resolves to now -- SGLang's method, or the per-step timer the D-Cut runner
+        # installs as an instance attribute (SGLANG_EXT_DCUT_TIMING), which must survive the call.
+        had, prev = "_draft_extend_for_decode" in vars(dw), vars(dw).get("_draft_extend_for_decode")
+        if defer:
+            dw._draft_extend_for_decode = functools.partial(deferred.extend, dw._draft_extend_for_decode)
         try:
             yield
         finally:
-            if defer:
+            if defer and had:
+                dw._draft_extend_for_decode = prev
+            elif defer:
                 dw.__dict__.pop("_draft_extend_for_decode", None)
             self.dcut.step_draft_off = False
             (self.speculative_num_steps, self.speculative_num_draft_tokens, dw.speculative_num_steps,

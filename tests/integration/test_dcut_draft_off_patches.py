@@ -129,3 +129,46 @@ def test_one_node_verify_sets_topk_one_for_the_call_only():
     with pytest.raises(RuntimeError, match="verify failed"):
         one_node_verify(w, fails)
     assert w.topk == 4
+
+
+def test_zero_step_shadows_the_current_extend_and_restores_an_instance_attribute():
+    """The deferred extend wraps whatever ``_draft_extend_for_decode`` resolves to -- with
+    ``SGLANG_EXT_DCUT_TIMING`` that is the runner's timer, an instance attribute -- and puts it back
+    afterwards (popping it lost the draft-extend timing after the first draft-off step)."""
+    import functools
+    from types import SimpleNamespace
+
+    from sglang_ext.engine.eagle_worker import ExtEAGLEWorker
+
+    class Draft:
+        speculative_num_steps, speculative_num_draft_tokens = 3, 4
+
+        def _draft_extend_for_decode(self, batch, batch_result, kv_loc_plan=None):
+            return "sglang"
+
+    calls = []
+
+    def extend(original, batch, batch_result, **kw):
+        calls.append(original(batch, batch_result, **kw))
+        return None
+
+    def timer(batch, batch_result, kv_loc_plan=None):
+        return "timed"
+
+    for installed in (None, timer):
+        dw = Draft()
+        if installed is not None:
+            dw._draft_extend_for_decode = installed
+        fake = SimpleNamespace(_draft_worker=dw, speculative_num_steps=3, speculative_num_draft_tokens=4,
+                               dcut=SimpleNamespace(step_draft_off=False, forced_draft_off=None),
+                               deferred_extend=SimpleNamespace(extend=extend))
+        with ExtEAGLEWorker._zero_step(fake):
+            assert isinstance(dw._draft_extend_for_decode, functools.partial)
+            assert (dw.speculative_num_steps, fake.speculative_num_draft_tokens) == (0, 1)
+            dw._draft_extend_for_decode("batch", "result")
+        assert calls[-1] == ("sglang" if installed is None else "timed")
+        if installed is None:
+            assert "_draft_extend_for_decode" not in vars(dw)
+        else:
+            assert vars(dw)["_draft_extend_for_decode"] is timer
+        assert (dw.speculative_num_steps, fake.speculative_num_draft_tokens) == (3, 4)
