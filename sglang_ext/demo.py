@@ -72,10 +72,12 @@ def server_command(models: DemoModels, port: int, extra: Optional[List[str]] = N
     launcher = list(launcher or [sys.executable, "-m", "sglang.launch_server"])
     cmd = launcher + ["--config", config, "--model-path", models.target,
                       "--speculative-draft-model-path", models.draft, "--host", "127.0.0.1", "--port", str(port)]
-    if not models.trained:
-        # the random tiny draft has no SpecExit rows: use the training-free signal
-        cmd += ["--specexit-signal-source", "draft-confidence", "--specexit-method", "confidence"]
-    return cmd + list(extra or [])
+    return cmd + _signal_args(models) + list(extra or [])
+
+
+def _signal_args(models: DemoModels) -> List[str]:
+    """The random tiny draft has no SpecExit rows: it drives SpecExit with the training-free signal."""
+    return [] if models.trained else ["--specexit-signal-source", "draft-confidence", "--specexit-method", "confidence"]
 
 
 def wait_healthy(base_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -275,9 +277,7 @@ def demo_command(plan: DemoPlan, config: str, launcher: List[str], plain: bool) 
     """A server of the demo (``DemoServer`` adds host and port); ``plain``: without the draft."""
     cmd = launcher + ["--config", config, "--model-path", plan.models.target]
     if not plain:
-        cmd += ["--speculative-draft-model-path", plan.models.draft]
-        if not plan.models.trained:  # the random tiny draft has no SpecExit rows: the training-free signal
-            cmd += ["--specexit-signal-source", "draft-confidence", "--specexit-method", "confidence"]
+        cmd += ["--speculative-draft-model-path", plan.models.draft] + _signal_args(plan.models)
     return cmd
 
 
@@ -373,6 +373,7 @@ def generate_all(base_url: str, plan: DemoPlan, custom_params: Optional[dict] = 
 
     from sglang_ext.demo_report import RequestOutcome
     from sglang_ext.testbed import task
+    from sglang_ext.testbed.evaluate import think_tokens
 
     requests.post(base_url + "/flush_cache", timeout=60)  # no prefix-cache hits from the previous mode
 
@@ -386,9 +387,7 @@ def generate_all(base_url: str, plan: DemoPlan, custom_params: Optional[dict] = 
             raise DemoError(f"/generate answered HTTP {resp.status_code}: {resp.text[:300]}")
         out = resp.json()
         meta, ids = out["meta_info"], tuple(out.get("output_ids") or ())
-        think = None
-        if plan.think_close_id is not None:
-            think = ids.index(plan.think_close_id) if plan.think_close_id in ids else len(ids)
+        think = None if plan.think_close_id is None else think_tokens(ids, plan.think_close_id)
         correct = None if q.answer is None else task.parse_answer(out["text"]) == q.answer
         return RequestOutcome(ids, int(meta["completion_tokens"]), think, correct, bool(meta.get("specexit_exited")),
                               meta.get("spec_accept_length"))

@@ -11,6 +11,7 @@ per-step time split (``SGLANG_EXT_DCUT_TIMING=1``).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -53,8 +54,6 @@ class StepTrace:
         return cls(prefix) if prefix else None
 
     def write(self, decision: "StepDecision", ms: float) -> None:
-        import json
-
         self.steps += 1
         line = {"step": self.steps, "bs": decision.batch_size, "tier": decision.tier,
                 "column": decision.cost_column, "ms": round(ms, 3),
