@@ -23,7 +23,7 @@ from sglang_ext.engine.dcut.dflash import (
     restore_out_tokens,
     uses_sampled_accept,
 )
-from sglang_ext.engine.dcut.runner import is_decode_batch
+from sglang_ext.engine.dcut.runner import batch_context, is_decode_batch
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class ExtDFlashWorker(DFlashWorkerV2):
                 batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors)
 
         if self.dcut is not None:  # the step clock of --dcut-online-costs (no device sync)
-            self.dcut.begin_step(is_decode_batch(batch))
+            self.dcut.begin_step(is_decode_batch(batch), batch_context(batch))
         if (self.dcut is None or batch.forward_mode.is_extend() or batch.is_extend_in_batch
                 or batch.forward_mode.is_idle()):
             return run()

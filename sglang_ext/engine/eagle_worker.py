@@ -77,6 +77,7 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
                 self.deferred_extend = DeferredDraftExtend(self, self.ext_config.dcut.draft_off_extend,
                                                            self.dcut.preview_draft_off)
                 self.dcut.trace_extra = self.deferred_extend.stats.summary  # step-trace lines
+                self.dcut.catch_up_count = self._catch_ups  # a catch-up step is not a draft-off cost
         if self.ext_config.specexit.enabled:
             from sglang_ext.engine.specexit.runner import SpecExitRunner
 
@@ -102,6 +103,9 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
 
         self.adaptive_controller = AdaptiveController(self, DCutDepthPolicy(self.dcut, self.adaptive_controller.params))
 
+    def _catch_ups(self) -> int:
+        return self.deferred_extend.stats.catch_ups
+
     def activate_step_by_batch(self, batch_size):
         # a draft-off step runs the zero-step configuration set by _zero_step: no runtime-state switch
         if self.dcut is not None and self.dcut.step_draft_off:
@@ -110,9 +114,9 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         if self.dcut is not None:  # the step clock of --dcut-online-costs (no device sync)
-            from sglang_ext.engine.dcut.runner import is_decode_batch
+            from sglang_ext.engine.dcut.runner import batch_context, is_decode_batch
 
-            self.dcut.begin_step(is_decode_batch(batch))
+            self.dcut.begin_step(is_decode_batch(batch), batch_context(batch))
         if self.deferred_extend is not None and batch.reqs:
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
                 self.deferred_extend.drop(batch.reqs)  # a prefill extends their draft itself

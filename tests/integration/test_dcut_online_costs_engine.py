@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from engine_utils import make_engine
 from trained_models import MODELS, requires_trained_models
 from trained_models import held_out_prompts as _prompts
@@ -237,3 +239,62 @@ def test_runner_explores_a_draft_off_cost_the_table_overstates(monkeypatch):
     assert summary["explore_steps"] == burst and summary["exploring"] is False and summary["drafting"] is False
     runner, offs = serve(online=False)
     assert not any(offs) and runner.explore_steps == 0
+
+
+def test_step_clock_fits_the_context_and_leaves_catch_up_steps_out(monkeypatch):
+    """The runner without an engine: steps carry their batch's mean context (``begin_step(decode,
+    context)``), whose cost grows as sqrt(context / 64); the planning table follows the context
+    (the row's slope, evaluated at the step about to run). A draft-off step during which the
+    worker's catch-up counter moved (it replayed the deferred draft extends) is not a draft-off
+    cost: it is counted in ``catch_up_steps`` and leaves the draft-off cell unobserved."""
+    from types import SimpleNamespace as NS
+
+    import sglang_ext.engine.dcut.runner as runner_mod
+    from sglang_ext.config import DCutConfig
+    from sglang_ext.dcut import CostTable, CostTableKey
+    from sglang_ext.dcut.online_costs import OFF_COLUMN
+    from sglang_ext.engine.dcut.metrics import StepDecision
+    from sglang_ext.engine.dcut.runner import DCutRunner
+
+    key = CostTableKey("m", "d", "cpu", 1, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "test")
+    table = CostTable.build(key, [4, 16], [[10.0, 20.0, 30.0, 40.0], [50.0, 60.0, 70.0, 80.0]],
+                            off_ms=[5.0, 30.0])
+    now = [0.0]
+    monkeypatch.setattr(runner_mod.time, "perf_counter", lambda: now[0])
+    runner = DCutRunner(NS(speculative_num_draft_tokens=4, topk=1), DCutConfig(mode="auto"))
+    runner.cost_table = table
+    runner.reset_online_costs()
+    catch_ups = [0]
+    runner.catch_up_count = lambda: catch_ups[0]
+    oc = runner.online_costs
+
+    def auto(q):
+        d = StepDecision.full(4, 4)
+        d.cost_column = q
+        return d
+
+    ctx = 64.0
+    for _ in range(120):  # tier 0 every step: 10 ms * sqrt(context / 64)
+        runner.begin_step(True, ctx)
+        runner.metrics.record(auto(0), None)
+        now[0] += 10.0 * (ctx / 64) ** 0.5 / 1e3
+        ctx += 2.0
+    runner.begin_step(True, ctx)  # closes the last one; plans at ctx (302)
+    assert oc.slope(4) == pytest.approx(0.5, abs=0.05)
+    planned = runner.planning_table()
+    assert planned.step_ms[0][0] == pytest.approx(10.0 * (ctx / 64) ** 0.5, rel=0.03)
+    assert planned.step_ms[0][1] == pytest.approx(20.0 * (ctx / 64) ** 0.5, rel=0.03)  # moved along the slope
+    assert planned.off_ms[0] == pytest.approx(5.0 * (ctx / 64) ** 0.5, rel=0.03)
+    assert not runner._off_observed(4)
+    runner.metrics.record(StepDecision.draft_off(4, 5.0, OFF_COLUMN), None)
+    catch_ups[0] += 1  # this draft-off step ran a catch-up extend
+    now[0] += 0.050
+    runner.begin_step(True, ctx + 1)
+    assert runner.catch_up_steps == 1 and not oc.observed(4, OFF_COLUMN) and not runner._off_observed(4)
+    assert runner.online_costs_summary()["catch_up_steps"] == 1
+    for _ in range(4):  # ordinary draft-off steps: 2 warm-up, then counted
+        runner.metrics.record(StepDecision.draft_off(4, 5.0, OFF_COLUMN), None)
+        now[0] += 5.0 * (ctx / 64) ** 0.5 / 1e3
+        ctx += 1.0
+        runner.begin_step(True, ctx)
+    assert oc.observed(4, OFF_COLUMN) and runner._off_observed(4) and runner.catch_up_steps == 1

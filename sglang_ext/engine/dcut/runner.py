@@ -313,7 +313,14 @@ class DCutRunner:
         # --dcut-online-costs: corrections learned from the step clock (created with the table)
         self.online_costs: Optional[OnlineCosts] = None
         self._applied_factors: Optional[Tuple[Tuple[float, ...], ...]] = None  # what the planner uses
-        self._applied_version = 0  # OnlineCosts.version of _applied_factors (single rank)
+        # rows whose draft-off cell has counted observations, with the factors (rank 0's under TP)
+        self._applied_off_observed: Tuple[bool, ...] = ()
+        self._applied_key: Optional[Tuple[int, Optional[float]]] = None  # (version, context) applied (single rank)
+        self._step_context: Optional[float] = None  # mean context length of the decode step in progress
+        # deferred draft-extend catch-ups run so far (set by the worker; a step that ran one is not observed)
+        self.catch_up_count: Optional[Callable[[], int]] = None
+        self._catch_ups_seen = 0
+        self.catch_up_steps = 0  # closed steps left out of the online costs because they ran a catch-up
         self._planning: Optional[Tuple[Any, CostTable]] = None  # (factors, corrected table) cache
         self._clock_steps = 0  # decode steps seen by the step clock (TP broadcast schedule)
         self.unsupported = _unsupported_reason(worker)
@@ -414,7 +421,7 @@ class DCutRunner:
         on = bool(getattr(self.cfg, "corrects_costs", False)) and self.cost_table is not None
         self.online_costs = OnlineCosts(self.cost_table) if on and self.unsupported is None else None
         self._applied_factors = None  # None: the launch-time table (no correction yet)
-        self._applied_version, self._planning = 0, None
+        self._applied_off_observed, self._applied_key, self._planning = (), None, None
 
     def info(self, worker: Any = None) -> Dict[str, Any]:
         """Static description for ``/server_info`` (``get_init_info``). With ``worker``, the table
@@ -454,9 +461,10 @@ class DCutRunner:
         return self.cfg.mode  # "auto" or a float ratio
 
     # ------------------------------------------------------------------ online costs
-    def begin_step(self, decode: bool) -> None:
+    def begin_step(self, decode: bool, context: Optional[float] = None) -> None:
         """The step clock (``--dcut-online-costs``): called by the worker at the start of every
-        ``forward_batch_generation``; ``decode`` False for a prefill / extend / idle batch.
+        ``forward_batch_generation``; ``decode`` False for a prefill / extend / idle batch,
+        ``context`` the batch's mean context length (:func:`batch_context`).
 
         What is measured: the wall time between the starts of two consecutive decode steps of this
         worker, one ``time.perf_counter()`` read per forward. It is attributed to the earlier step
@@ -469,7 +477,12 @@ class DCutRunner:
         launch shifts between neighbours. An interval is dropped when anything else ran in between
         (a prefill or extend batch, an idle gap over 5 s) and when the step is not comparable with
         the table (fixed or forced ratio, ``dcut_force_ratio`` / ``dcut_force_draft_off``,
-        profiling, exempt requests). The same intervals give the metrics' measured step time.
+        profiling, exempt requests), and when the step ran a catch-up draft extend (the draft-off
+        step that replays the deferred extends before drafting resumes: a cost of switching, not of
+        the draft-off column; counted in ``catch_up_steps``). The same intervals give the metrics'
+        measured step time. Each observation carries the context of its step, and the planner's
+        corrections are evaluated at the context of the step about to run
+        (:class:`~sglang_ext.dcut.online_costs.OnlineCosts` fits a context slope per row).
 
         TP: ranks may time a step differently, so only rank 0's corrections count: every
         :data:`ONLINE_COSTS_SYNC_STEPS` decode steps rank 0's factors are broadcast and every rank
@@ -479,26 +492,39 @@ class DCutRunner:
         if self.metrics.trace is not None:
             self.metrics.trace.context = self._trace_context
         closed = self.metrics.start_step(time.perf_counter(), decode)
+        closed_context, self._step_context = self._step_context, (context if decode else None)
+        caught_up = False
+        if self.catch_up_count is not None:
+            n = int(self.catch_up_count())
+            caught_up, self._catch_ups_seen = n != self._catch_ups_seen, n
         oc = self.online_costs
         if oc is None:
             return
         if closed is not None and closed[0].cost_column is not None:
-            oc.observe(closed[0].batch_size, closed[0].cost_column, closed[1])
+            if caught_up:
+                self.catch_up_steps += 1
+            else:
+                oc.observe(closed[0].batch_size, closed[0].cost_column, closed[1], closed_context)
         if not decode:
             return
         self._clock_steps += 1
         group = agreement_tp_group()
         if group is None:
-            if oc.version != self._applied_version:
-                self._applied_factors, self._applied_version = oc.factors(), oc.version
+            key = (oc.version, context)
+            if oc.counted and key != self._applied_key:
+                self._applied_factors, self._applied_key = oc.factors(context), key
+                self._applied_off_observed = tuple(r[-1] for r in oc.observed_mask())
         elif self._clock_steps % ONLINE_COSTS_SYNC_STEPS == 0:
-            self._applied_factors = sync_factors(oc.factors(), group)
+            self._applied_factors, self._applied_off_observed = sync_factors(
+                (oc.factors(context), tuple(r[-1] for r in oc.observed_mask())), group)
 
     def _trace_context(self) -> Dict[str, Any]:
         """What a step-trace line (``SGLANG_EXT_DCUT_STEP_TRACE``) adds: whether a runtime knob or the
         profiler forced the step, the online-cost factor of the step's column now, and the counters
-        ``trace_extra`` returns (the worker's deferred draft extend)."""
-        out: Dict[str, Any] = {"forced": not self._observed_mode()}
+        ``trace_extra`` returns (the worker's deferred draft extend), and the step's mean context length."""
+        ctx = self._step_context
+        out: Dict[str, Any] = {"forced": not self._observed_mode(),
+                               "context": None if ctx is None else round(float(ctx), 1)}
         extra = getattr(self, "trace_extra", None)
         if extra is not None:
             out.update(extra())
@@ -526,6 +552,7 @@ class DCutRunner:
                                "active": self.online_costs is not None}
         if self.online_costs is not None:
             out.update(self.online_costs.summary(self._applied_factors))
+            out["catch_up_steps"] = self.catch_up_steps
         return out
 
     def set_force_draft_off(self, every: int) -> None:
@@ -596,9 +623,9 @@ class DCutRunner:
         oc = self.online_costs
         if oc is None:
             return None
-        if self._applied_factors is None:
+        if self._applied_factors is None or not self._applied_off_observed:
             return False
-        return self._applied_factors[oc.row_index(batch_size)][-1] != 1.0
+        return bool(self._applied_off_observed[oc.row_index(batch_size)])
 
     def draft_off_summary(self) -> Dict[str, Any]:
         """``/server_info`` ``internal_states[i].dcut.draft_off``: the setting, the current choice
@@ -921,19 +948,46 @@ def is_decode_batch(batch: Any) -> bool:
     return not (mode.is_extend() or bool(getattr(batch, "is_extend_in_batch", False)) or mode.is_idle())
 
 
-def sync_factors(factors: Tuple[Tuple[float, ...], ...], group: Any) -> Tuple[Tuple[float, ...], ...]:
-    """Rank 0's online cost factors on every rank (``group.broadcast_object``, SGLang's
-    ``GroupCoordinator``); with ``group=None`` the factors are returned unchanged.
+def sync_factors(
+    applied: Tuple[Tuple[Tuple[float, ...], ...], Tuple[bool, ...]], group: Any
+) -> Tuple[Tuple[Tuple[float, ...], ...], Tuple[bool, ...]]:
+    """Rank 0's online cost factors and per-row "draft-off cell observed" flags on every rank
+    (``group.broadcast_object``, SGLang's ``GroupCoordinator``); with ``group=None`` they are
+    returned unchanged.
 
     Examples
     --------
-    >>> sync_factors(((1.0, 2.0),), None)
-    ((1.0, 2.0),)
+    >>> sync_factors((((1.0, 2.0),), (True,)), None)
+    (((1.0, 2.0),), (True,))
     """
     if group is None:
-        return factors
-    got = group.broadcast_object(factors if int(getattr(group, "rank_in_group", 0)) == 0 else None, src=0)
-    return tuple(tuple(float(x) for x in row) for row in got)
+        return applied
+    got = group.broadcast_object(applied if int(getattr(group, "rank_in_group", 0)) == 0 else None, src=0)
+    factors, observed = got
+    return tuple(tuple(float(x) for x in row) for row in factors), tuple(bool(b) for b in observed)
+
+
+def batch_context(batch: Any) -> Optional[float]:
+    """Mean context length (tokens per request, prompt and output) of a worker batch: from
+    ``seq_lens_cpu`` when the batch carries it, else from its requests; None when neither is there.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> batch_context(NS(seq_lens_cpu=torch.tensor([10, 30])))
+    20.0
+    >>> batch_context(NS(seq_lens_cpu=None, reqs=[NS(origin_input_ids=[1, 2], output_ids=[3])]))
+    3.0
+    >>> batch_context(NS(reqs=[])) is None
+    True
+    """
+    lens = getattr(batch, "seq_lens_cpu", None)
+    if isinstance(lens, torch.Tensor) and lens.numel() > 0:
+        return float(lens.sum()) / lens.numel()
+    reqs = getattr(batch, "reqs", None) or ()
+    if not reqs:
+        return None
+    return sum(len(r.origin_input_ids) + len(r.output_ids) for r in reqs) / len(reqs)
 
 
 def agreement_tp_group() -> Any:
