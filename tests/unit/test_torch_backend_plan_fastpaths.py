@@ -226,3 +226,46 @@ def test_workspace_grows_and_reuses():
     assert b.data_ptr() == c.data_ptr() and a.numel() < b.numel()
     assert ws.take("v", (1, 3), torch.float32, "cpu").data_ptr() != c.data_ptr()
     assert math.prod(c.shape) == 3
+
+
+@pytest.mark.parametrize("mask", ["full", "qlen_only", "none"])
+def test_one_node_verify_is_planned_as_decode(mask, monkeypatch):
+    """A verify of one node per request (a draft-off step) gets the decode plan: each row sees its
+    committed prefix and itself, bit-identical to the decode step of the same tokens, and equal
+    (to rounding) to the general tree-mask path it used to take. A mask with a cleared cell is not
+    a one-node tree: it keeps the tree path."""
+    gen = torch.Generator().manual_seed(7)
+    k_cache, v_cache = _pool(gen)
+    r2t = _req_to_token(gen)
+    bs = 5
+    rows = torch.randperm(MAX_REQS, generator=gen)[:bs]
+    seq_lens = torch.randint(1, 120, (bs,), generator=gen).tolist()
+    cells = {"full": torch.ones(sum(s + 1 for s in seq_lens), dtype=torch.bool),
+             "qlen_only": torch.ones(bs, dtype=torch.bool), "none": None}[mask]
+    split, bucket = tbm.split_tree_mask, tbm.bucket_plan
+
+    def no_tree_path(*a, **kw):
+        raise AssertionError("a one-node verify took the tree / bucket path")
+
+    monkeypatch.setattr(tbm, "split_tree_mask", no_tree_path)
+    monkeypatch.setattr(tbm, "bucket_plan", no_tree_path)
+    plan = plan_target_verify(r2t, rows, seq_lens, [1] * bs, cells)
+    monkeypatch.setattr(tbm, "split_tree_mask", split)
+    monkeypatch.setattr(tbm, "bucket_plan", bucket)
+    decode = tbm.plan_decode(r2t, rows, [s + 1 for s in seq_lens])
+    assert isinstance(plan, tbp.AttentionPlan) and torch.equal(plan.prefix_slots, decode.prefix_slots)
+    q = torch.randn(bs, HQ, D, generator=gen)
+    k = torch.randn(bs, HKV, D, generator=gen)
+    v = torch.randn(bs, HKV, D, generator=gen)
+    out = run_plan(plan, q, k, v, k_cache, v_cache, scaling=D ** -0.5)
+    assert torch.equal(out, run_plan(decode, q, k, v, k_cache, v_cache, scaling=D ** -0.5))
+    slots = tbm.gather_row_slots(r2t, rows.to(torch.int64), [0] * bs, seq_lens)
+    full = torch.ones(sum(s + 1 for s in seq_lens), dtype=torch.bool)
+    tree = tbp.bucket_plan([1] * bs, seq_lens, slots, MaskKind.TREE,
+                           tree_blocks=tbm.split_tree_mask(full, seq_lens, [1] * bs))
+    assert torch.allclose(out, run_plan(tree, q, k, v, k_cache, v_cache, scaling=D ** -0.5), atol=1e-6)
+    cleared = full.clone()
+    cleared[seq_lens[0]] = False  # request 0 would not see itself: not a one-node tree
+    kept = plan_target_verify(r2t, rows, seq_lens, [1] * bs, cleared)
+    got = run_plan(kept, q, k, v, k_cache, v_cache, scaling=D ** -0.5)
+    assert not torch.allclose(got[0], out[0]) and torch.allclose(got[1:], out[1:], atol=1e-6)
