@@ -16,6 +16,7 @@ from sglang_ext.models.registry import (
     REGISTRY,
     GGUFModel,
     ModelsError,
+    PartedGGUFModel,
     lookup,
     model_dir,
 )
@@ -50,7 +51,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
             for name, entry in sorted(REGISTRY.items()):
                 d = model_dir(entry, cache_dir)
-                if isinstance(entry, GGUFModel):
+                if isinstance(entry, (GGUFModel, PartedGGUFModel)):
                     state = "fetched" if is_complete(entry, d) else "not fetched"
                     src = entry.requirement
                 else:

