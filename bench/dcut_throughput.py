@@ -633,6 +633,7 @@ def run_bench(args) -> dict:
         **_throughput(results), "dcut": dcut_stats, "lossless_vs_full": lossless, "lossless_reference": ref,
         "tokens_per_verify": spec, "adaptive": {k: v for k, v in adaptive.items() if k != "config_path"},
         "online_costs": {m: (o or {}).get("corrections") for m, o in online.items()},
+        "online_context_slope": {m: (o or {}).get("context_slope") for m, o in online.items()},
     }
     res["paired_ratios"] = _paired_ratios(res["tok_s_runs"], args.bs_list, [m for m in FIXED if m in results])
     return res
@@ -912,6 +913,10 @@ def report(res: dict, out_png: str = None) -> None:
             print(f"\nonline cost corrections of {m} at the end (per profiled bs: column -> factor, corrected ms): "
                   + "; ".join(f"bs {b}: " + ", ".join(f"{c} x{v['factor']:.2f} {v['ms']:.0f}" for c, v in cells.items())
                               for b, cells in rows.items()))
+            slopes = (res.get("online_context_slope") or {}).get(m)
+            if slopes:
+                print(f"  context slope per profiled bs (step cost ~ context ** slope): "
+                      + ", ".join(f"bs {b}: {v:.2f}" for b, v in slopes.items()))
     if res.get("lossless_vs_full"):
         ref = res.get("lossless_reference", "full")
         print(f"\nlossless vs {'full verify' if ref == 'full' else ref} (token for token): {res['lossless_vs_full']}")

@@ -520,8 +520,8 @@ class OnlineCosts:
 
     def summary(self, factors: Optional[Sequence[Sequence[float]]] = None) -> Dict[str, Any]:
         """JSON-able state (``/server_info``): per profiled batch size, the factor and the
-        corrected cost of every column that is not 1.0 (keys ``"0.5"`` ..., ``"draft_off"``) and
-        the row's context slope, and the counters. ``factors`` shows another factor matrix of this
+        corrected cost of every column that is not 1.0 (keys ``"0.5"`` ..., ``"draft_off"``); per
+        profiled batch size with observations, the row's context slope; and the counters. ``factors`` shows another factor matrix of this
         table (the one in use)."""
         fac = self.factors() if factors is None else factors
         corrected = apply_factors(self.table, fac)
@@ -535,10 +535,10 @@ class OnlineCosts:
                 ms = corrected.off_ms[i] if j == self._ntiers else corrected.step_ms[i][j]
                 cells[name] = {"factor": round(float(fac[i][j]), 4), "ms": round(float(ms), 3)}
             if cells:
-                row = self._rows.get(i)
-                if row is not None and any(c.used for c in row.cells.values()):
-                    cells["context_slope"] = round(self._fit(row)[0], 4)
                 rows[str(bs)] = cells
-        return {"corrections": rows, "counted": self.counted, "warmup_skipped": self.warmup_skipped,
+        slopes = {str(bs): round(self._fit(self._rows[i])[0], 4) for i, bs in enumerate(self.table.batch_sizes)
+                  if i in self._rows and any(c.used for c in self._rows[i].cells.values())}
+        return {"corrections": rows, "context_slope": slopes, "counted": self.counted,
+                "warmup_skipped": self.warmup_skipped,
                 "clipped": self.clipped, "ignored": self.ignored,
                 "profile_context": self.profile_context, "params": dataclasses.asdict(self.params)}
