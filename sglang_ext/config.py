@@ -44,12 +44,19 @@ __all__ = [
     "get_extension_config",
     "attach_extension_config",
     "EAGLE_FAMILY",
+    "STANDALONE",
+    "SPECEXIT_ALGORITHMS",
     "DCUT_ALGORITHMS",
 ]
 
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN")
 """Speculative algorithms served by ``EAGLEWorkerV2`` (SpecExit and D-Cut)."""
-DCUT_ALGORITHMS = EAGLE_FAMILY + ("DFLASH",)
+STANDALONE = "STANDALONE"
+"""A small language model of the target's family drafts (``StandaloneWorkerV2``, a subclass of
+``EAGLEWorkerV2``): D-Cut, and SpecExit with the draft-confidence signal (the draft has no signal rows)."""
+SPECEXIT_ALGORITHMS = EAGLE_FAMILY + (STANDALONE,)
+"""Speculative algorithms SpecExit can run with."""
+DCUT_ALGORITHMS = EAGLE_FAMILY + (STANDALONE, "DFLASH")
 """Speculative algorithms D-Cut can prune."""
 
 SMOOTHING_CHOICES = D.SMOOTHING_NAMES
@@ -583,7 +590,7 @@ def check_against_server(cfg: ExtensionConfig, speculative_algorithm: Optional[s
     >>> check_against_server(configs_from_mapping({"dcut": "auto"}), None)
     Traceback (most recent call last):
     ...
-    sglang_ext.config.ConfigError: --dcut: D-Cut prunes speculative decoding; add --speculative-algorithm (EAGLE, EAGLE3, NEXTN or DFLASH)
+    sglang_ext.config.ConfigError: --dcut: D-Cut prunes speculative decoding; add --speculative-algorithm (EAGLE, EAGLE3, NEXTN, STANDALONE or DFLASH)
     """
     algo = (speculative_algorithm or "").upper() or None
     if cfg.dcut.enabled:
@@ -594,9 +601,12 @@ def check_against_server(cfg: ExtensionConfig, speculative_algorithm: Optional[s
             raise ConfigError(f"--dcut: not supported with --speculative-algorithm {algo}; "
                               f"supported: {', '.join(DCUT_ALGORITHMS)}")
     if cfg.specexit.enabled:
-        if algo not in EAGLE_FAMILY:
-            raise ConfigError("--specexit: needs an EAGLE-family draft (--speculative-algorithm EAGLE3, EAGLE or "
-                              f"NEXTN), got {algo or 'no speculative decoding'}")
+        if algo not in SPECEXIT_ALGORITHMS:
+            raise ConfigError("--specexit: needs a draft (--speculative-algorithm EAGLE3, EAGLE, NEXTN or "
+                              f"STANDALONE), got {algo or 'no speculative decoding'}")
+        if algo == STANDALONE and cfg.specexit.signal_source == "head":
+            raise ConfigError("--specexit-signal-source head: a STANDALONE draft is a plain language model without "
+                              "SpecExit signal rows; add --specexit-signal-source draft-confidence")
     if disaggregation_mode not in NO_DISAGGREGATION:
         for flag, on in (("--specexit", cfg.specexit.enabled), ("--dcut", cfg.dcut.enabled)):
             if on:

@@ -38,6 +38,7 @@ import functools
 import logging
 
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
 
 from sglang_ext.config import get_extension_config
 
@@ -205,3 +206,15 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
             self.dcut.step_draft_off = False
             (self.speculative_num_steps, self.speculative_num_draft_tokens, dw.speculative_num_steps,
              dw.speculative_num_draft_tokens) = saved
+
+
+class ExtStandaloneWorker(ExtEAGLEWorker, StandaloneWorkerV2):
+    """``--speculative-algorithm STANDALONE`` with SpecExit and D-Cut: SGLang's ``StandaloneWorkerV2``
+    (a small LM of the target's family drafts, with its own embeddings and head) under the same
+    extension as EAGLE (``patches/standalone_worker.md``). The method resolution order puts
+    ``ExtEAGLEWorker`` first and ``StandaloneWorkerV2`` next, so ``ExtEAGLEWorker.__init__``'s
+    ``super().__init__`` builds SGLang's standalone worker (its own draft worker and SGLang's own
+    vocabulary check) and every hook above wraps the methods both share with ``EAGLEWorkerV2``.
+    D-Cut's scores and SpecExit's draft-confidence signal are the draft model's own token
+    probabilities (``sglang_ext.engine.draft_capture``, which re-classes the
+    ``StandaloneDraftWorker`` as it does the EAGLE draft worker)."""

@@ -33,8 +33,9 @@ from typing import Any, Optional
 
 from sglang_ext.version import SUPPORTED_SGLANG_VERSION, __version__
 from sglang_ext.config import (
-    EAGLE_FAMILY,
     EXTENSION_DESTS,
+    SPECEXIT_ALGORITHMS,
+    STANDALONE,
     ConfigError,
     DCutConfig,
     ExtensionConfig,
@@ -113,7 +114,38 @@ def build_checked_config(values: dict, speculative_algorithm: Optional[str],
                          disaggregation_mode: Optional[str] = None) -> ExtensionConfig:
     cfg = configs_from_mapping(values)
     check_against_server(cfg, speculative_algorithm, disaggregation_mode)
+    if cfg.enabled and (speculative_algorithm or "").upper() == STANDALONE:
+        check_standalone_vocab(values.get("model_path"), values.get("speculative_draft_model_path"),
+                               values.get("tokenizer_path"))
     return cfg
+
+
+def check_standalone_vocab(model_path: Optional[str], draft_path: Optional[str],
+                           tokenizer_path: Optional[str] = None) -> None:
+    """Refuse a STANDALONE draft whose vocabulary differs from the target's, at launch, with one line
+    (:func:`sglang_ext.vocab.vocab_difference`). SGLang checks the same in the scheduler after
+    loading both models; this runs first, in the launching process, where the error is a
+    one-line usage error. When a model's tokenizer or config cannot be read here (a hub id
+    offline), a warning says so and SGLang's own check remains."""
+    if not model_path or not draft_path:
+        return
+    from sglang_ext.vocab import vocab_difference
+
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+
+        tok_t = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
+        tok_d = AutoTokenizer.from_pretrained(draft_path)
+        size_t = getattr(AutoConfig.from_pretrained(model_path), "vocab_size", None)
+        size_d = getattr(AutoConfig.from_pretrained(draft_path), "vocab_size", None)
+    except Exception as e:  # unreadable here: SGLang's check in the scheduler still applies
+        logger.warning("sglang_ext: could not compare the STANDALONE draft's vocabulary with the target's at "
+                       "launch (%s: %s); SGLang checks it when the models are loaded", type(e).__name__, e)
+        return
+    diff = vocab_difference(tok_t.get_vocab(), tok_d.get_vocab(), size_t, size_d)
+    if diff is not None:
+        raise ConfigError(f"--speculative-draft-model-path: {diff}; a STANDALONE draft must use the target's "
+                          "tokenizer and vocabulary")
 
 
 def _fail_cli(err: ConfigError) -> None:
@@ -161,7 +193,7 @@ def _around_engine_init(original_fn, self, *args, **kwargs):
     # before the scheduler processes are spawned.
     from sglang.srt.entrypoints.engine import Engine
 
-    cfg = build_checked_config(ext, kwargs.get("speculative_algorithm"), kwargs.get("disaggregation_mode"))
+    cfg = build_checked_config({**kwargs, **ext}, kwargs.get("speculative_algorithm"), kwargs.get("disaggregation_mode"))
     kwargs.setdefault("log_level", "error")
     server_args = getattr(self, "server_args_class", None) or Engine.server_args_class
     sa = server_args(**kwargs)
@@ -182,8 +214,14 @@ def select_worker_class(base_cls: Any, server_args: Any) -> Any:
         from sglang_ext.engine.eagle_worker import ExtEAGLEWorker
 
         return ExtEAGLEWorker
+    from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
+
+    if isinstance(base_cls, type) and base_cls is StandaloneWorkerV2:  # [standalone]
+        from sglang_ext.engine.eagle_worker import ExtStandaloneWorker
+
+        return ExtStandaloneWorker
     algo = _speculative_algorithm_of(server_args)
-    if cfg.specexit.enabled and algo not in EAGLE_FAMILY:
+    if cfg.specexit.enabled and algo not in SPECEXIT_ALGORITHMS:
         raise ConfigError(f"--specexit: needs an EAGLE-family algorithm, got {algo}")
     if algo == "DFLASH" and cfg.dcut.enabled:  # [dcut/dflash]
         from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2

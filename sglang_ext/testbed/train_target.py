@@ -244,9 +244,9 @@ def target_phases(tok, seed: int, shape: ModelShape, cfg: TargetTrainConfig) -> 
     eq_id = tok.convert_tokens_to_ids(" =")
     stop_id = tok.convert_tokens_to_ids(".")
     close_id = tok.convert_tokens_to_ids(task.THINK_CLOSE)
-    aux_ids = aux_layer_ids(shape.num_layers)
     aux_head, aux_fn = None, None
     if cfg.aux_signal_weight > 0:
+        aux_ids = aux_layer_ids(shape.num_layers)  # EAGLE3's capture layers: >= 7 layers
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + 2)
             aux_head = torch.nn.Linear(3 * shape.hidden_size, 2, bias=False)
