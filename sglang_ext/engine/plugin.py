@@ -222,7 +222,7 @@ def select_worker_class(base_cls: Any, server_args: Any) -> Any:
         return ExtStandaloneWorker
     algo = _speculative_algorithm_of(server_args)
     if cfg.specexit.enabled and algo not in SPECEXIT_ALGORITHMS:
-        raise ConfigError(f"--specexit: needs an EAGLE-family algorithm, got {algo}")
+        raise ConfigError(f"--specexit: needs a draft (EAGLE3, EAGLE, NEXTN or STANDALONE), got {algo}")
     if algo == "DFLASH" and cfg.dcut.enabled:  # [dcut/dflash]
         from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 

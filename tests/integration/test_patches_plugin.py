@@ -68,6 +68,22 @@ def test_eagle_worker_signatures():
         "self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"]
 
 
+def test_standalone_worker_target():
+    """``ExtStandaloneWorker`` (patches/standalone_worker.md) relies on SGLang's standalone worker being an
+    ``EAGLEWorkerV2`` with the same constructor and an ``EagleDraftWorker`` as its draft worker."""
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+    from sglang.srt.speculative.standalone_worker_v2 import StandaloneDraftWorker, StandaloneWorkerV2
+
+    from sglang_ext.engine.eagle_worker import ExtEAGLEWorker, ExtStandaloneWorker
+
+    assert issubclass(StandaloneWorkerV2, EAGLEWorkerV2) and issubclass(StandaloneDraftWorker, EagleDraftWorker)
+    assert _params(StandaloneWorkerV2.__init__) == ["self", "server_args", "gpu_id", "nccl_port", "target_worker"]
+    assert "StandaloneDraftWorker(" in inspect.getsource(StandaloneWorkerV2.__init__)
+    assert ExtStandaloneWorker.__mro__[1:4] == (ExtEAGLEWorker, StandaloneWorkerV2, EAGLEWorkerV2)
+    for name in ("verify", "forward_batch_generation"):  # the seams ExtEAGLEWorker wraps are not overridden
+        assert name not in vars(StandaloneWorkerV2), name
+
+
 def test_tree_mask_target():
     fn, _ = _resolve("sglang.srt.speculative.eagle_utils.default_tree_mask_mode")
     assert _params(fn) == []

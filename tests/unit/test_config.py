@@ -138,12 +138,21 @@ def test_cross_checks_with_the_speculative_algorithm():
     for algo in ("EAGLE3", "eagle", "NEXTN"):
         check_against_server(on, algo)
     check_against_server(configs_from_mapping({"dcut": "auto"}), "DFLASH")
-    with pytest.raises(ConfigError, match=r"^--specexit: needs an EAGLE-family"):
+    with pytest.raises(ConfigError, match=r"^--specexit: needs a draft \(--speculative-algorithm EAGLE3, EAGLE, "
+                                          r"NEXTN or STANDALONE\), got DFLASH$"):
         check_against_server(configs_from_mapping({"specexit": True}), "DFLASH")
     with pytest.raises(ConfigError, match=r"^--dcut: D-Cut prunes speculative decoding"):
         check_against_server(configs_from_mapping({"dcut": "0.5"}), None)
-    with pytest.raises(ConfigError, match=r"^--dcut: not supported with --speculative-algorithm STANDALONE"):
-        check_against_server(configs_from_mapping({"dcut": "auto"}), "STANDALONE")
+    with pytest.raises(ConfigError, match=r"^--dcut: not supported with --speculative-algorithm NGRAM"):
+        check_against_server(configs_from_mapping({"dcut": "auto"}), "NGRAM")
+    # STANDALONE: D-Cut, and SpecExit with the draft's own probabilities (no signal rows to read)
+    check_against_server(configs_from_mapping({"dcut": "auto"}), "standalone")
+    check_against_server(configs_from_mapping({"specexit": True, "specexit_signal_source": "draft-confidence"}),
+                         "STANDALONE")
+    with pytest.raises(ConfigError, match=r"^--specexit-signal-source head: a STANDALONE draft is a plain language "
+                                          r"model without SpecExit signal rows; add --specexit-signal-source "
+                                          r"draft-confidence$"):
+        check_against_server(configs_from_mapping({"specexit": True}), "STANDALONE")
     check_against_server(configs_from_mapping({}), None)  # everything off: nothing to check
 
 
