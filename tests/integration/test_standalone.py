@@ -5,9 +5,9 @@ Trained testbed target (3.64 M parameters) and its standalone draft
 ``python -m sglang_ext.testbed.train_standalone``), 3-step chain (4 verify tokens), greedy,
 ``ignore_eos``, 8 held-out problems at once. One engine serves every check:
 
-* lossless: with SpecExit off for the request (per-request ``custom_params``), ``--dcut auto`` and
-  every forced tier (0.25 / 0.5 / 0.75 / full) give exactly HF transformers' greedy continuation
-  of the target alone (no speculation);
+* lossless: with SpecExit off for the request (per-request ``custom_params``), ``--dcut auto``,
+  every forced tier (0.25 / 0.5 / 0.75 / full) and draft-off steps forced on every other step give
+  exactly HF transformers' greedy continuation of the target alone (no speculation);
 * D-Cut pruned (its scores are the draft model's own token probabilities) and the draft accepted
   more than one token per step;
 * SpecExit with the training-free signal (``--specexit-signal-source draft-confidence``): requests
@@ -82,7 +82,7 @@ def _gen(eng, prompts, custom):
 
 
 def test_standalone_is_lossless_under_every_tier(engine, prompts, reference):
-    from sglang_ext.engine.dcut.client import set_force_ratio
+    from sglang_ext.engine.dcut.client import set_force_draft_off, set_force_ratio
 
     tiers = {}
     try:
@@ -99,9 +99,18 @@ def test_standalone_is_lossless_under_every_tier(engine, prompts, reference):
             accept = sum(o["meta_info"]["completion_tokens"] for o in outs) / max(
                 1, sum(o["meta_info"]["spec_verify_ct"] for o in outs))
             tiers[ratio]["accept"] = round(accept, 2)
+        # draft-off steps (every other step without drafting; the draft extend runs in them)
+        assert set_force_draft_off(engine, 2)
+        before = _state(engine)["dcut"]["metrics"]
+        got = [o["output_ids"] for o in _gen(engine, prompts, OFF)]
+        after = _state(engine)["dcut"]["metrics"]
+        assert got == reference, "STANDALONE with draft-off steps differs from the target alone"
+        tiers["draft_off_steps"] = after["draft_off_steps"] - before["draft_off_steps"]
     finally:
         set_force_ratio(engine, 0.0)
+        set_force_draft_off(engine, 0)
     print(f"STANDALONE per ratio: {tiers}")
+    assert tiers["draft_off_steps"] > 0, tiers
     assert tiers[0.25]["pruned"] > 0 and tiers[1.0]["pruned"] == 0, tiers
     assert tiers[1.0]["accept"] > 1.5, tiers  # the small draft agrees with the target often
 
