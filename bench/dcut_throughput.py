@@ -20,6 +20,12 @@ In one run, for batch sizes 1, 4, 16, 32, 64 (all requests submitted together, g
   drafting off, from a cost table of the depths profiled at its own launch (chains only, like
   ``adaptive``).
 
+``--algorithm STANDALONE`` runs every speculative engine with SGLang's ``STANDALONE`` worker (``--draft`` a
+small LM of the target's family, e.g. Qwen2.5-Coder-0.5B for the 1.5B; ``adaptive`` and
+``auto-depth`` are ``n/a``: SGLang has no adaptive mode for it); a real target without a recipe
+split gets the 24 held-out prompts of the shipped SmolLM2 draft's split (GSM8K and MT-bench, chat
+and code; ``--split`` names another).
+
 Each engine runs in a process of its own (:class:`EngineProcess`), all up side by side with SGLang's
 ``--sleep-on-idle``; the five modes of the D-Cut engine are switched at runtime with
 ``/set_internal_state`` ``dcut_force_ratio`` (so they share weights, profile and warm-up). The
@@ -122,7 +128,15 @@ def _parse_args(argv=None):
     p.add_argument("--models", choices=("trained", "tiny"), default=None,
                    help="trained testbed models (default when present) or the tiny random ones")
     p.add_argument("--target", default=None, help="target model dir (overrides --models)")
-    p.add_argument("--draft", default=None, help="EAGLE3 draft dir (overrides --models)")
+    p.add_argument("--draft", default=None, help="draft dir (overrides --models): an EAGLE3 draft, or with "
+                   "--algorithm STANDALONE a small LM of the target's family")
+    p.add_argument("--algorithm", choices=("EAGLE3", "STANDALONE"), default="EAGLE3",
+                   help="--speculative-algorithm of every speculative engine (STANDALONE: no SGLang adaptive peer, "
+                        "SGLang has none for it)")
+    p.add_argument("--split", default=None, metavar="SPLIT.json",
+                   help="held-out prompts of a recipe split (default: the draft's split.json; with a draft "
+                        "without one and --algorithm STANDALONE, the shipped SmolLM2 draft's: 12 GSM8K and "
+                        "12 MT-bench prompts, chat and code)")
     p.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "sglang_ext_tiny_models"),
                    help="where the tiny models are built (--models tiny)")
     p.add_argument("--num-steps", type=int, default=15)
@@ -191,7 +205,12 @@ def _parse_args(argv=None):
 def _resolve_models(args):
     """(target, draft, prompt kind) from --target/--draft or --models."""
     if args.target and args.draft:
-        if os.path.isfile(os.path.join(args.draft, "split.json")):  # a draft of the project's recipe
+        if args.split or os.path.isfile(os.path.join(args.draft, "split.json")):  # a draft of the project's recipe
+            return args.target, args.draft, "heldout"
+        if getattr(args, "algorithm", "EAGLE3") == "STANDALONE" and not _is_testbed_target(args.target):
+            from sglang_ext.models.registry import SMOLLM2_EAGLE3
+
+            args.split = os.path.join(SMOLLM2_EAGLE3.directory, "split.json")
             return args.target, args.draft, "heldout"
         chat = os.path.isfile(os.path.join(args.target, "chat_template.jinja"))
         return args.target, args.draft, "problems" if chat else "corpus"
@@ -208,6 +227,15 @@ def _resolve_models(args):
     return models.target, models.draft, "corpus"
 
 
+def _is_testbed_target(target: str) -> bool:
+    """Whether ``target`` uses the testbed's word-level tokenizer (its held-out problems apply)."""
+    path = os.path.join(target, "tokenizer.json")
+    if not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return json.load(f).get("model", {}).get("type") == "WordLevel"
+
+
 def _prompts(target: str, kind: str, n: int, args) -> List[List[int]]:
     if kind == "heldout":  # the recipe's held-out prompts (never trained on), repeated to fill the batch
         from transformers import AutoTokenizer
@@ -215,7 +243,7 @@ def _prompts(target: str, kind: str, n: int, args) -> List[List[int]]:
         from sglang_ext.recipe.data import read_split
         from sglang_ext.recipe.generate import encode_prompts
 
-        held = read_split(os.path.join(args.draft, "split.json"))["heldout"]
+        held = read_split(args.split or os.path.join(args.draft, "split.json"))["heldout"]
         ids = encode_prompts(AutoTokenizer.from_pretrained(target), held)
         return [ids[i % len(ids)] for i in range(n)]
     if kind == "problems":  # held-out problems through the chat template, thinking on
@@ -535,7 +563,7 @@ def run_bench(args) -> dict:
         extra["dcut_cost_table"] = args.cost_table
     if args.profile_steps:
         extra["dcut_profile_steps"] = args.profile_steps
-    eagle = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+    eagle = dict(speculative_algorithm=args.algorithm, speculative_draft_model_path=draft,
                  speculative_num_steps=args.num_steps, speculative_eagle_topk=args.topk,
                  speculative_num_draft_tokens=args.num_draft_tokens)
     adaptive = _adaptive_plan(args)
@@ -577,7 +605,7 @@ def run_bench(args) -> dict:
                   **({"dcut_profile_steps": args.profile_steps} if args.profile_steps else {}), **eagle)
             wait(DEPTH)
         eng = engines["dcut"]
-        print(f"  EAGLE3 --dcut auto engine up in {startup:.1f} s", flush=True)
+        print(f"  {args.algorithm} --dcut auto engine up in {startup:.1f} s", flush=True)
         info = eng.client("dcut_info")
         _say_table(info)
         if not args.skip_never and NEVER not in engines:
@@ -692,6 +720,8 @@ def _adaptive_plan(args) -> dict:
     Returns ``{"status": "measured" | "n/a", "reason", "config", "config_path"}``."""
     if args.skip_adaptive:
         return {"status": "n/a", "reason": "--skip-adaptive"}
+    if getattr(args, "algorithm", "EAGLE3") != "EAGLE3":
+        return {"status": "n/a", "reason": f"SGLang has no --speculative-adaptive for {args.algorithm}"}
     if args.topk != 1:
         return {"status": "n/a", "reason": ADAPTIVE_TOPK_REASON.format(topk=args.topk)}
     if args.adaptive_config:
