@@ -2,8 +2,9 @@
 
 Trained testbed target (3.64 M parameters) and its standalone draft
 (``sglang_ext/testbed/models/standalone_draft``: the target's recipe at 2 layers of hidden 96,
-``python -m sglang_ext.testbed.train_standalone``), 3-step chain (4 verify tokens), greedy,
-``ignore_eos``, 8 held-out problems at once. One engine serves every check:
+``python -m sglang_ext.testbed.train_standalone``), a 3-step chain (4 verify tokens) and a tree (topk
+2, 3 steps, 6 verify tokens), greedy, ``ignore_eos``, 8 held-out problems at once. One engine per
+shape serves every check:
 
 * lossless: with SpecExit off for the request (per-request ``custom_params``), ``--dcut auto``,
   every forced tier (0.25 / 0.5 / 0.75 / full) and draft-off steps forced on every other step give
@@ -17,7 +18,7 @@ Trained testbed target (3.64 M parameters) and its standalone draft
   ``head`` signal source (a language-model draft has no signal rows), a draft whose tokenizer maps a
   token to another id.
 
-Budget: ~1.5 min (one engine start with a one-row profile; HF reference of 8 prompts).
+Budget: ~3 min (two engine starts with a one-row profile; HF reference of 8 prompts).
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ def reference(prompts):
     return hf_greedy(TARGET, prompts, MAX_NEW)
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+@pytest.fixture(scope="module", params=[(1, 3, 4), (2, 3, 6)], ids=["chain", "tree-topk2"])
+def engine(request, tmp_path_factory):
     if not os.path.isdir(SA_DRAFT):
         pytest.skip(f"no standalone draft in {SA_DRAFT}")
+    topk, steps, n = request.param
     eng = make_engine(TARGET, attention_backend="torch_sdpa", speculative_algorithm="STANDALONE",
-                      speculative_draft_model_path=SA_DRAFT, speculative_num_steps=3, speculative_eagle_topk=1,
-                      speculative_num_draft_tokens=4, max_running_requests=BS, dcut="auto",
+                      speculative_draft_model_path=SA_DRAFT, speculative_num_steps=steps, speculative_eagle_topk=topk,
+                      speculative_num_draft_tokens=n, max_running_requests=BS, dcut="auto",
                       dcut_cache_dir=str(tmp_path_factory.mktemp("dcut_cache")), dcut_profile_batch_sizes=str(BS),
                       specexit=True, specexit_signal_source="draft-confidence",
                       specexit_step_split_tokens=json.dumps([PARAGRAPH]), specexit_confidence_threshold=0.9)

@@ -17,7 +17,7 @@ import pytest
 import sglang_ext
 
 PKG_DIR = os.path.dirname(sglang_ext.__file__)
-PURE_PACKAGES = ("sglang_ext.dcut", "sglang_ext.specexit")
+PURE_PACKAGES = ("sglang_ext.dcut", "sglang_ext.specexit", "sglang_ext.vocab")
 PLUGIN = "sglang_ext.engine.plugin"
 
 
