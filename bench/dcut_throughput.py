@@ -157,6 +157,9 @@ def _parse_args(argv=None):
     p.add_argument("--max-running-requests", type=int, default=64)
     p.add_argument("--max-total-tokens", type=int, default=None, help="KV pool (default: fits the largest batch)")
     p.add_argument("--attention-backend", default="torch_sdpa")
+    p.add_argument("--mem-fraction-static", type=float, default=None,
+                   help="SGLang's --mem-fraction-static of every engine (CPU default 0.5; a real pair of several GB "
+                        "with two engines up side by side needs more, SGLang's error says how much)")
     p.add_argument("--cache-dir", default=None,
                    help="--dcut-cache-dir (default: a fresh temporary directory, so the cost table, with the "
                         "draft-off costs, is profiled at launch)")
@@ -291,6 +294,8 @@ def _engine(target: str, args, **kw):
                 # several engines stay up side by side (paired repeats): an idle scheduler waits on its
                 # sockets instead of polling (SGLang's --sleep-on-idle), so it takes no core from the one measured
                 sleep_on_idle=True)
+    if getattr(args, "mem_fraction_static", None) is not None:
+        base.update(mem_fraction_static=args.mem_fraction_static)
     try:
         import torch
 
@@ -945,7 +950,7 @@ def report(res: dict, out_png: str = None) -> None:
                               for b, cells in rows.items()))
             slopes = (res.get("online_context_slope") or {}).get(m)
             if slopes:
-                print(f"  context slope per profiled bs (step cost ~ context ** slope): "
+                print("  context slope per profiled bs (step cost ~ context ** slope): "
                       + ", ".join(f"bs {b}: {v:.2f}" for b, v in slopes.items()))
     if res.get("lossless_vs_full"):
         ref = res.get("lossless_reference", "full")

