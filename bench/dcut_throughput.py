@@ -208,7 +208,7 @@ def _parse_args(argv=None):
 def _resolve_models(args):
     """(target, draft, prompt kind) from --target/--draft or --models."""
     if args.target and args.draft:
-        if args.split or os.path.isfile(os.path.join(args.draft, "split.json")):  # a draft of the project's recipe
+        if getattr(args, "split", None) or os.path.isfile(os.path.join(args.draft, "split.json")):  # the recipe's
             return args.target, args.draft, "heldout"
         if getattr(args, "algorithm", "EAGLE3") == "STANDALONE" and not _is_testbed_target(args.target):
             from sglang_ext.models.registry import SMOLLM2_EAGLE3
@@ -246,7 +246,7 @@ def _prompts(target: str, kind: str, n: int, args) -> List[List[int]]:
         from sglang_ext.recipe.data import read_split
         from sglang_ext.recipe.generate import encode_prompts
 
-        held = read_split(args.split or os.path.join(args.draft, "split.json"))["heldout"]
+        held = read_split(getattr(args, "split", None) or os.path.join(args.draft, "split.json"))["heldout"]
         ids = encode_prompts(AutoTokenizer.from_pretrained(target), held)
         return [ids[i % len(ids)] for i in range(n)]
     if kind == "problems":  # held-out problems through the chat template, thinking on

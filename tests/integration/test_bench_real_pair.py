@@ -46,6 +46,27 @@ def test_recipe_draft_brings_its_heldout_prompts(tmp_path):
     assert bench._resolve_models(args2)[2] == "problems"
 
 
+def test_standalone_pair_gets_the_shipped_heldout_split(tmp_path):
+    """--algorithm STANDALONE with a real target and a draft LM without a recipe split: the shipped
+    SmolLM2 draft's 24 held-out prompts; the testbed target (word-level tokenizer) keeps its problems."""
+    from sglang_ext.models.registry import SMOLLM2_EAGLE3
+
+    bench = bench_script.load("dcut_throughput")
+    real = tmp_path / "target"
+    real.mkdir()
+    (real / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    draft = str(tmp_path / "draft")
+    os.mkdir(draft)
+    args = types.SimpleNamespace(target=str(real), draft=draft, models=None, algorithm="STANDALONE", split=None)
+    assert bench._resolve_models(args) == (str(real), draft, "heldout")
+    assert args.split == os.path.join(SMOLLM2_EAGLE3.directory, "split.json") and os.path.isfile(args.split)
+    testbed = types.SimpleNamespace(target=TARGET, draft=os.path.join(os.path.dirname(DRAFT), "standalone_draft"),
+                                    models=None, algorithm="STANDALONE", split=None)
+    assert bench._resolve_models(testbed)[2] == "problems" and testbed.split is None
+    eagle = types.SimpleNamespace(target=str(real), draft=draft, models=None, algorithm="EAGLE3", split=None)
+    assert bench._resolve_models(eagle)[2] == "corpus"  # no chat template: the tiny-model corpus, as before
+
+
 def test_real_model_cost_refuses_unknown_shapes():
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "real_model_cost.py"), "--shapes", "chain4,tree99"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
