@@ -294,9 +294,9 @@ class SpecExitConfig:
                                             list_join="json")
     signal_source: str = _f(D.DEFAULT_SIGNAL_SOURCE, "--specexit-signal-source",
                             "Where the signals come from: the SpecExit rows of the draft's fc ('head') or the "
-                            "draft's own token probabilities ('draft-confidence', confidence only, works with any "
-                            "EAGLE3 draft; the default --specexit-method is then confidence).", _parse_str,
-                            choices=SIGNAL_SOURCE_CHOICES)
+                            "draft's own token probabilities ('draft-confidence', confidence only, works with any EAGLE3 "
+                            "draft or a STANDALONE draft model; the default --specexit-method is then confidence).",
+                            _parse_str, choices=SIGNAL_SOURCE_CHOICES)
     explicit: Tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
     """Names of the fields among :data:`DEFAULTED_BY_SOURCE_OR_TOKENIZER` that the user set (the others
     were None and got their default in ``__post_init__``)."""
