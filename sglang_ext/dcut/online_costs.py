@@ -224,6 +224,11 @@ class _Row:
     last_x: float = 0.0
     fit: Optional[tuple[float, Dict[int, float]]] = None
 
+    @property
+    def counted(self) -> bool:
+        """Whether any cell has a counted observation (a cell in warm-up only has none)."""
+        return any(c.used for c in self.cells.values())
+
 
 def unit_factors(table: CostTable) -> tuple[tuple[float, ...], ...]:
     """The identity correction of ``table``: ``[len(batch_sizes)][len(tiers) + 1]`` ones.
@@ -406,7 +411,7 @@ class OnlineCosts:
 
     def _log_factor(self, row_index: int, col: int, x: Optional[float]) -> float:
         row = self._rows.get(row_index)
-        if row is None or not any(c.used for c in row.cells.values()):
+        if row is None or not row.counted:
             return 0.0
         slope, levels = self._fit(row)
         return levels.get(col, 0.0) + slope * (row.last_x if x is None else x)
@@ -414,7 +419,7 @@ class OnlineCosts:
     def slope(self, batch_size: int) -> float:
         """The context slope of the row of ``batch_size`` (0.0 before any counted observation)."""
         row = self._rows.get(self.row_index(batch_size))
-        return 0.0 if row is None or not any(c.used for c in row.cells.values()) else self._fit(row)[0]
+        return 0.0 if row is None or not row.counted else self._fit(row)[0]
 
     def factor(self, batch_size: int, column: int, context: Optional[float] = None) -> float:
         """The correction of ``column`` at the row of ``batch_size`` and at ``context`` (the row's
@@ -537,7 +542,7 @@ class OnlineCosts:
             if cells:
                 rows[str(bs)] = cells
         slopes = {str(bs): round(self._fit(self._rows[i])[0], 4) for i, bs in enumerate(self.table.batch_sizes)
-                  if i in self._rows and any(c.used for c in self._rows[i].cells.values())}
+                  if i in self._rows and self._rows[i].counted}
         return {"corrections": rows, "context_slope": slopes, "counted": self.counted,
                 "warmup_skipped": self.warmup_skipped,
                 "clipped": self.clipped, "ignored": self.ignored,

@@ -46,15 +46,6 @@ def _launch(tmp, **dcut):
                        dcut_cache_dir=str(tmp / "cache"), dcut_draft_off="never", **dcut)
 
 
-def _state(eng):
-    return dcut_state(eng)
-
-
-def _run(eng, prompts, ratio):
-    """Outputs and the tier histogram of one run (``ratio`` 0: the configured auto)."""
-    return run_at_ratio(eng, prompts, ratio, MAX_NEW)
-
-
 def test_online_costs_lossless_and_correct_a_wrong_table(tmp_path):
     from sglang_ext.engine.dcut.client import dcut_info, set_force_ratio
 
@@ -64,12 +55,12 @@ def test_online_costs_lossless_and_correct_a_wrong_table(tmp_path):
         info = dcut_info(eng)
         assert info["online_costs"] == "on" and info["cost_table_info"]["source"] == "profiled"
         table = info["cost_table"]
-        ref, hist = _run(eng, prompts, FULL)
+        ref, hist = run_at_ratio(eng, prompts, FULL, MAX_NEW)
         assert set(hist) == {"full"}
-        got, hist = _run(eng, prompts, CONFIGURED)
+        got, hist = run_at_ratio(eng, prompts, CONFIGURED, MAX_NEW)
         bad = [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
         assert not bad, f"auto with online costs: {len(bad)} of {BS} outputs differ from full verification"
-        oc = _state(eng)["online_costs"]
+        oc = dcut_state(eng)["online_costs"]
         assert oc["active"] and oc["counted"] > 0, oc
         print(f"engine 1 (profiled {table['step_ms']}): auto tiers {hist}, online costs {oc}")
     finally:
@@ -87,14 +78,14 @@ def test_online_costs_lossless_and_correct_a_wrong_table(tmp_path):
         assert info["cost_table_info"]["source"] == "file" and info["cost_table"]["step_ms"] == wrong["step_ms"]
         runs = []
         for _ in range(4):
-            got, hist = _run(eng, prompts, CONFIGURED)
+            got, hist = run_at_ratio(eng, prompts, CONFIGURED, MAX_NEW)
             bad = [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
             assert not bad, f"wrong table, auto: {len(bad)} of {BS} outputs differ from full verification"
             runs.append(hist)
             pruned = sum(v for k, v in hist.items() if k != "full")
             if len(runs) >= 2 and pruned * 2 > sum(hist.values()):
                 break
-        oc = _state(eng)["online_costs"]
+        oc = dcut_state(eng)["online_costs"]
         print(f"engine 2 (full {FULL_CHEAPER}x too cheap): tiers per run {runs}, online costs {oc}")
         assert runs[0].get("full", 0) > 0, f"the wrong table did not start on full verification: {runs[0]}"
         full_cell = oc["corrections"][str(BS)]["1"]

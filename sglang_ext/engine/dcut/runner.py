@@ -315,7 +315,6 @@ class DCutRunner:
         self._applied_factors: Optional[Tuple[Tuple[float, ...], ...]] = None  # what the planner uses
         # rows whose draft-off cell has counted observations, with the factors (rank 0's under TP)
         self._applied_off_observed: Tuple[bool, ...] = ()
-        self._applied_key: Optional[Tuple[int, Optional[float]]] = None  # (version, context) applied (single rank)
         self._step_context: Optional[float] = None  # mean context length of the decode step in progress
         # deferred draft-extend catch-ups run so far (set by the worker; a step that ran one is not observed)
         self.catch_up_count: Optional[Callable[[], int]] = None
@@ -421,7 +420,7 @@ class DCutRunner:
         on = bool(getattr(self.cfg, "corrects_costs", False)) and self.cost_table is not None
         self.online_costs = OnlineCosts(self.cost_table) if on and self.unsupported is None else None
         self._applied_factors = None  # None: the launch-time table (no correction yet)
-        self._applied_off_observed, self._applied_key, self._planning = (), None, None
+        self._applied_off_observed, self._planning = (), None
 
     def info(self, worker: Any = None) -> Dict[str, Any]:
         """Static description for ``/server_info`` (``get_init_info``). With ``worker``, the table
@@ -510,9 +509,8 @@ class DCutRunner:
         self._clock_steps += 1
         group = agreement_tp_group()
         if group is None:
-            key = (oc.version, context)
-            if oc.counted and key != self._applied_key:
-                self._applied_factors, self._applied_key = oc.factors(context), key
+            if oc.counted:  # the factors move with the context, so they are evaluated every decode step
+                self._applied_factors = oc.factors(context)
                 self._applied_off_observed = tuple(r[-1] for r in oc.observed_mask())
         elif self._clock_steps % ONLINE_COSTS_SYNC_STEPS == 0:
             self._applied_factors, self._applied_off_observed = sync_factors(
