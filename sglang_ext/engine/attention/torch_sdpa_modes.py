@@ -67,8 +67,7 @@ def plan_target_verify(
     and, among its ``q_i`` draft rows, the ancestors-or-self given by ``custom_mask``.
     Without a mask every request is treated as a chain (causal). One row per request whose mask
     cells are all set (SGLang's one-node verify of a draft-off step) is planned as a decode step:
-    the same attention without the tree blocks and query-length buckets (on the testbed at bs 64 a
-    draft-off step's target forward cost 1.25x a plain decode forward before).
+    the same attention without the tree blocks and query-length buckets.
 
     Examples
     --------
