@@ -54,8 +54,8 @@ outside any graph (on the runner's returned, row-selected logits).
 How it is wired (see ``patches/``):
 
 * the worker's ``EagleDraftWorker`` instance is re-classed to a subclass (:func:`install`)
-  whose ``draft_forward`` / ``_draft_extend_for_decode`` / ``init_cuda_graphs`` call SGLang's
-  and add the capture; the draft ``ModelRunner.forward`` and the draft-extend graph runner's
+  whose ``draft_forward`` / ``_draft_extend_for_decode`` / ``_draft_extend_for_prefill`` /
+  ``init_cuda_graphs`` call SGLang's and add the capture; the draft ``ModelRunner.forward`` and the draft-extend graph runner's
   ``execute`` are wrapped per instance to see the logits they return;
 * an AROUND hook on ``sglang.srt.speculative.eagle_utils.organize_draft_results``
   (:func:`register_hooks`, called from the plugin) records tree path scores while a capture
@@ -92,6 +92,7 @@ ROOT_CONFIDENCE = 1.0
 _MODE_IDLE = 0
 _MODE_DRAFT = 1
 _MODE_EXTEND = 2
+_MODE_PREFILL = 3  # the draft extend of a prefill (its logits: one row per request)
 
 _active = threading.local()  # .capture: the DraftCapture whose draft_forward is running
 
@@ -173,6 +174,14 @@ class DraftCapture:
         #: forward while a draft extend is active, in place of a plain call (the accepted-rows
         #: draft extend of :mod:`sglang_ext.engine.dcut.draft_extend`); None = plain call.
         self.extend_forward: Optional[Callable] = None
+        #: Optional ``(forward_batch, next_token_logits) -> None`` called with every row's logits of
+        #: each draft extend after a verify, before SGLang selects one row per request (SpecExit's
+        #: per-token ``draft-confidence``); while set, the draft-extend CUDA graph is not replayed
+        #: (it selects the rows before the LM head). None = nothing.
+        self.extend_rows_sink: Optional[Callable] = None
+        #: Optional ``(forward_batch, next_token_logits) -> None`` called with the logits of a
+        #: prefill's draft extend (one row per request: its last prompt row). None = nothing.
+        self.prefill_rows_sink: Optional[Callable] = None
         self.allocate(max_rows)
 
     # ------------------------------------------------------------------ buffers
@@ -350,11 +359,18 @@ def _wrap_runner_forward(runner: Any, capture: DraftCapture) -> None:
         mode = capture._mode
         if mode != _MODE_IDLE:
             logits_output = getattr(out, "logits_output", None)
-            if logits_output is not None:
+            if logits_output is not None and mode == _MODE_PREFILL:
+                if capture.prefill_rows_sink is not None:
+                    forward_batch = args[0] if args else kwargs.get("forward_batch")
+                    capture.prefill_rows_sink(forward_batch, logits_output.next_token_logits)
+            elif logits_output is not None:
                 if mode == _MODE_DRAFT:
                     capture.record_step_logits(logits_output.next_token_logits)
                 else:
                     capture.record_extend_output(logits_output)
+                    if capture.extend_rows_sink is not None:
+                        forward_batch = args[0] if args else kwargs.get("forward_batch")
+                        capture.extend_rows_sink(forward_batch, logits_output.next_token_logits)
         return out
 
     setattr(forward, _WRAPPED_ATTR, capture)
@@ -362,10 +378,12 @@ def _wrap_runner_forward(runner: Any, capture: DraftCapture) -> None:
 
 
 def _wrap_extend_graph_runner(graph_runner: Any, capture: DraftCapture) -> None:
-    """Wrap ``EAGLEDraftExtendCudaGraphRunner.execute`` on this instance (returns selected rows)."""
+    """Wrap ``EAGLEDraftExtendCudaGraphRunner.execute`` on this instance (returns selected rows),
+    and its ``can_run_graph``: False while ``capture.extend_rows_sink`` needs every row's logits."""
     if graph_runner is None or getattr(graph_runner.execute, _WRAPPED_ATTR, None) is capture:
         return
     original = graph_runner.execute
+    original_can_run = graph_runner.can_run_graph
 
     def execute(*args, **kwargs):
         out = original(*args, **kwargs)
@@ -373,8 +391,14 @@ def _wrap_extend_graph_runner(graph_runner: Any, capture: DraftCapture) -> None:
             capture.record_extend_output(out)
         return out
 
+    def can_run_graph(*args, **kwargs):
+        if capture.extend_rows_sink is not None:
+            return False  # the graph selects one row per request before the LM head
+        return original_can_run(*args, **kwargs)
+
     setattr(execute, _WRAPPED_ATTR, capture)
     graph_runner.execute = execute
+    graph_runner.can_run_graph = can_run_graph
 
 
 def _capture_methods(cls_ref: List[type]) -> Dict[str, Callable]:
@@ -429,7 +453,17 @@ def _capture_methods(cls_ref: List[type]) -> Dict[str, Callable]:
             cap.end_extend(batch_result.next_draft_input, len(batch.seq_lens))
         return out
 
+    def _draft_extend_for_prefill(self, *args, **kwargs):
+        cap = self._ext_capture
+        _wrap_runner_forward(self.draft_runner, cap)
+        cap._mode = _MODE_PREFILL
+        try:
+            return super(cls_ref[0], self)._draft_extend_for_prefill(*args, **kwargs)
+        finally:
+            cap._mode = _MODE_IDLE
+
     return {
+        "_draft_extend_for_prefill": _draft_extend_for_prefill,
         "draft": draft,
         "init_cuda_graphs": init_cuda_graphs,
         "draft_forward": draft_forward,

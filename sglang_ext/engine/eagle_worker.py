@@ -83,6 +83,9 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
             from sglang_ext.engine.specexit.runner import SpecExitRunner
 
             self.specexit = SpecExitRunner(self, self.ext_config.specexit)
+            if self.deferred_extend is not None and self.specexit.active and self.specexit.lagged:
+                self.deferred_extend.every_extend_needed_by = ("SpecExit's draft-confidence signal reads every "
+                                                               "draft extend")
         logger.info("sglang_ext worker active: specexit=%s dcut=%s", self.ext_config.specexit.enabled,
                     self.ext_config.dcut.mode)
 

@@ -4,25 +4,29 @@ Signal source ``draft-confidence`` (``--specexit-signal-source draft-confidence`
 without a trained signal head, for any EAGLE3 draft. It provides ``confidence`` only, so it
 is valid only with the method ``confidence``; progress and remain columns are NaN.
 
-Definition
-----------
-Let ``q_j`` be the draft probability of the j-th draft token of a request in this step:
-the draft's max-softmax ``exp(max(l) - logsumexp(l))`` of its logits ``l`` under greedy
-drafting (the probability of its own proposal), or ``q(x_j)`` under sampled drafting; for a
-tree node, its probability given its parent. Each *accepted* draft ``r_j`` is observed with
-``q_j``, in token order; the root and the bonus have no draft probability (the draft did not
-propose them) and are not observed (NaN: the smoother skips them). The observations then go
-through the request's smoother (default EWMA, alpha 0.1) and the usual test
-``x_hat > confidence_threshold`` at a paragraph boundary, per token as for the head. The score
-reflects how certain the draft is on text that the target agreed with; it is not a calibrated
-probability of a correct answer, and the confidence threshold should be tuned for this source
-(the head's default 0.8 is a starting point, not a calibrated value).
+Definition (per token)
+----------------------
+The observation of the committed token at position ``p`` is the draft's one-step confidence
+there: the max-softmax ``exp(max(l) - logsumexp(l))`` of the draft logits ``l`` that predict
+position ``p`` from the target's own hidden state at ``p - 2`` and the token at ``p - 1`` -- the
+row an EAGLE3 draft extend runs for position ``p - 2`` after the verify that computed that hidden
+state (a STANDALONE draft's extend row for the token at ``p - 1`` likewise). It is the draft's
+certainty about the next token given text the target has committed, whatever the draft
+proposed there and whether it was accepted. Because every row depends only on the committed
+tokens before ``p``, the observation, and with it the exit, is a function of the committed
+token sequence alone: not of the verify width, D-Cut's tier, draft-off steps or the batch.
+Exception: the first output token (sampled by the prefill, whose draft extend keeps only its
+last row, the one that predicts the second) has no observation.
 
-**Not a function of the tokens alone.** Which committed tokens were drafted (and at which
-draft depth, i.e. from which draft features) depends on how the tokens were split into
-steps: the verify width, D-Cut's tier and draft-off steps, the batch. So with this source
-the exit token can move with D-Cut and the load, unlike the head's signal, which is read
-from the target's own hidden state at every committed token (docs/algorithms.md).
+When it is known. At a verify step with root ``r_0`` at position ``P``, the values of ``r_0``
+and ``r_1`` come from earlier extends; those of ``r_2..r_a`` and the bonus only from this step's
+extend, which runs after the decision. So the state runs lagged (:data:`KNOWN_COLUMNS` columns
+known, the rest pushed first thing in the next step) and a step whose ``r_j``, ``j >= 2``, is a
+boundary the rule could fire at is cut short before it, so that ``r_j`` is decided as the next
+step's root (``SpecExitState.truncation``). The observations then go through the request's
+smoother (default EWMA, alpha 0.1) and the usual test ``x_hat > confidence_threshold`` at a
+paragraph boundary. It is not a calibrated probability of a correct answer; the threshold
+should be tuned for this source (the head's default 0.8 is a starting point).
 
 Imports: torch and stdlib only (no sglang).
 """
@@ -36,6 +40,12 @@ from sglang_ext.specexit.signals import NUM_SIGNALS, Signal, SpecExitMethod
 
 #: The signal source this module implements (``--specexit-signal-source``).
 DRAFT_CONFIDENCE_SOURCE = "draft-confidence"
+
+#: Columns of a verify step's run whose observations are known at its decision: ``r_0``, ``r_1``.
+KNOWN_COLUMNS = 2
+
+#: A draft-extend row run for position ``q`` gives the observation of position ``q + OBSERVED_OFFSET``.
+OBSERVED_OFFSET = 2
 
 
 def check_signal_source(source: str, method: SpecExitMethod) -> None:
@@ -102,32 +112,30 @@ def max_softmax(
 
 
 def draft_confidence_signals(
-    draft_probs: torch.Tensor,  # [batch_size, max_drafts]
+    values: torch.Tensor,  # [batch_size, known]
     width: int,
 ) -> torch.Tensor:  # [batch_size, width, NUM_SIGNALS]
-    """Per-token observations of one step in the fixed signal columns: confidence, NaN elsewhere.
+    """Observations of one step's run in the fixed signal columns: confidence, NaN elsewhere.
 
-    Column ``j`` is the observation of ``r_j``: ``q_j`` for an accepted draft (``j >= 1``),
-    NaN for the root (the draft did not propose it). Columns past a request's ``a`` are
-    ignored by ``SpecExitState.step``. Ready for ``SpecExitState.step`` in place of the
-    head's decoded signals.
+    Column ``j < known`` is the observation of ``r_j`` (``values[:, j]``); the columns after
+    it are NaN (not known yet: the lagged state does not push them). Ready for
+    ``SpecExitState.step(known_columns=known)`` in place of the head's decoded signals.
 
     Parameters
     ----------
-    draft_probs : torch.Tensor
-        ``[batch_size, max_drafts]``: ``draft_probs[b, j - 1]`` is ``q_j`` of the j-th draft
-        on the accepted path.
+    values : torch.Tensor
+        ``[batch_size, known]`` per-token confidences of ``r_0 .. r_{known-1}`` (NaN: none).
     width : int
-        Columns of the result, ``1 + max_drafts`` or fewer (the longest run ``r_0..r_a``).
+        Columns of the result (the longest run ``r_0..r_a``).
 
     Examples
     --------
     >>> draft_confidence_signals(torch.tensor([[0.5, 1.0]]), width=3)[:, :, 0].tolist()
-    [[nan, 0.5, 1.0]]
+    [[0.5, 1.0, nan]]
     """
-    probs = draft_probs.to(torch.promote_types(draft_probs.dtype, torch.float32))
-    batch_size = probs.shape[0]
-    out = torch.full((batch_size, width, NUM_SIGNALS), float("nan"), dtype=probs.dtype, device=probs.device)
-    columns = min(width - 1, probs.shape[1])
-    out[:, 1 : 1 + columns, int(Signal.CONFIDENCE)] = probs[:, :columns]
+    values = values.to(torch.promote_types(values.dtype, torch.float32))
+    batch_size = values.shape[0]
+    out = torch.full((batch_size, width, NUM_SIGNALS), float("nan"), dtype=values.dtype, device=values.device)
+    columns = min(width, values.shape[1])
+    out[:, :columns, int(Signal.CONFIDENCE)] = values[:, :columns]
     return out

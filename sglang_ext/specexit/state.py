@@ -99,6 +99,9 @@ class SpecExitState:
     smoother: SmootherState
     boundary_ids: torch.Tensor  # [num_boundary_ids]
     stop_think_id: int
+    backlog_len: Optional[torch.Tensor] = None  # [max_slots] int64, lagged steps only
+    backlog_examined: Optional[torch.Tensor] = None  # [max_slots, backlog_width] bool
+    backlog_cut: Optional[torch.Tensor] = None  # [max_slots, backlog_width] bool
 
     @classmethod
     def allocate(
@@ -225,6 +228,8 @@ class SpecExitState:
         self.max_think_grace[slots_t] = torch.tensor(
             [o.max_think_grace for o in options], dtype=torch.int64, device=device
         )
+        if self.backlog_len is not None:
+            self.backlog_len[slots_t] = 0
 
     def release(self, slots: IndexLike) -> None:  # [n]
         """Mark ``slots`` as not thinking (e.g. the request finished or was aborted).
@@ -266,6 +271,99 @@ class SpecExitState:
         values, defined = self.smoother.scores(index)
         return signal_test(values, defined, self.active_signals[index], self.thresholds[index])
 
+    # ------------------------------------------------------------------ lagged observations
+    def truncation(
+        self,
+        req_pool_indices: torch.Tensor,  # [batch_size]
+        root_ids: torch.Tensor,  # [batch_size]
+        accepted_ids: torch.Tensor,  # [batch_size, max_drafts], PAD_TOKEN after the a drafts
+        bonus_ids: torch.Tensor,  # [batch_size]
+        known_columns: int,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:  # ([batch_size] bool, [batch_size] int64)
+        """Where a step must end early because a signal exit could need an observation not known yet.
+
+        With observations known only for the columns ``j < known_columns`` of a run (the lagged
+        mode of :meth:`step`), a signal exit is possible only there. A step whose run holds an
+        examined boundary ``r_j`` with ``j >= known_columns`` and ``n_j >= min_think_tokens`` (a
+        boundary at which the signal rule could fire) is cut short before it: it keeps ``j - 1``
+        drafts and ``r_j`` becomes its bonus, so ``r_j`` is the next step's root (column 0),
+        decided once its observation is known. The committed tokens are the same; only where one
+        step ends and the next begins moves.
+
+        Returns
+        -------
+        truncate, keep_drafts : torch.Tensor
+            ``[batch_size]`` bool (cut this request's step short) and int64 drafts to keep
+            (``a`` where not truncated).
+
+        Examples
+        --------
+        Boundary id 7, two known columns: the boundary at ``j = 3`` of request 0 makes ``r_3``
+        the bonus (keep 2 drafts); request 1's boundary at ``j = 1`` is decidable now.
+
+        >>> state = SpecExitState.allocate(2, [7], 9)
+        >>> state.reset([0, 1], [SpecExitOptions(), SpecExitOptions()])
+        >>> t, keep = state.truncation(torch.tensor([0, 1]), torch.tensor([5, 5]),
+        ...                            torch.tensor([[4, 4, 7, 4], [7, 4, 4, -1]]), torch.tensor([3, 3]), 2)
+        >>> t.tolist(), keep.tolist()
+        ([True, False], [2, 3])
+        """
+        device = self.thinking.device
+        index = as_slot_index(req_pool_indices, device)
+        accepted = accepted_ids.to(device=device, dtype=torch.int64)
+        run, valid = step_run(root_ids.to(device), accepted)  # [batch_size, max_drafts + 1]
+        examined, _ = examined_positions(self.thinking[index], run, valid, bonus_ids, self.stop_think_id)
+        position = torch.arange(run.shape[1], device=device)  # j
+        length = self.think_tokens[index][:, None] + position  # n_j
+        firing = (torch.isin(run, self.boundary_ids) & examined & (length >= self.min_think_tokens[index][:, None])
+                  & (position >= max(int(known_columns), 1)))
+        beyond = run.shape[1]
+        first = torch.where(firing, position, beyond).min(dim=1).values  # [batch_size]
+        truncate = first < beyond
+        num_accepted = valid.sum(dim=1) - 1  # a
+        keep = torch.where(truncate, first - 1, num_accepted)
+        return truncate, keep
+
+    def backlog_positions(
+        self,
+        req_pool_indices: torch.Tensor,  # [batch_size]
+        root_positions: torch.Tensor,  # [batch_size] position of this step's root r_0
+    ) -> torch.Tensor:  # [batch_size, backlog_width] int64, -1 past the slot's backlog
+        """Positions of the tokens whose observations :meth:`step` still owes (lagged mode).
+
+        They are the last ``backlog_len`` tokens before the root: ``r_known_columns..r_a`` of the
+        slot's previous step. ``[batch_size, 0]`` before any lagged step.
+
+        Examples
+        --------
+        >>> state = SpecExitState.allocate(1, [7], 9)
+        >>> state.reset([0], [SpecExitOptions()])
+        >>> state.backlog_positions(torch.tensor([0]), torch.tensor([10])).shape
+        torch.Size([1, 0])
+        """
+        device = self.thinking.device
+        index = as_slot_index(req_pool_indices, device)
+        if self.backlog_len is None:
+            return torch.zeros((index.numel(), 0), dtype=torch.int64, device=device)
+        count = self.backlog_len[index][:, None]  # [batch_size, 1]
+        column = torch.arange(self.backlog_examined.shape[1], device=device)[None, :]
+        positions = root_positions.to(device=device, dtype=torch.int64)[:, None] - count + column
+        return torch.where(column < count, positions, torch.full_like(positions, -1))
+
+    def _ensure_backlog(self, width: int) -> None:
+        old = 0 if self.backlog_examined is None else self.backlog_examined.shape[1]
+        if self.backlog_len is not None and width <= old:
+            return
+        device = self.thinking.device
+        examined = torch.zeros((self.max_slots, max(width, old)), dtype=torch.bool, device=device)
+        cut = torch.zeros_like(examined)
+        if self.backlog_len is None:
+            self.backlog_len = torch.zeros((self.max_slots,), dtype=torch.int64, device=device)
+        else:
+            examined[:, :old] = self.backlog_examined
+            cut[:, :old] = self.backlog_cut
+        self.backlog_examined, self.backlog_cut = examined, cut
+
     def step(
         self,
         req_pool_indices: torch.Tensor,  # [batch_size]
@@ -273,6 +371,8 @@ class SpecExitState:
         accepted_ids: torch.Tensor,  # [batch_size, max_drafts], PAD_TOKEN after the a drafts
         bonus_ids: torch.Tensor,  # [batch_size]
         observations: Optional[torch.Tensor] = None,  # [batch_size, max_drafts + 1, NUM_SIGNALS]
+        known_columns: Optional[int] = None,
+        backlog_observations: Optional[torch.Tensor] = None,  # [batch_size, backlog_width, NUM_SIGNALS]
     ) -> ExitDecision:
         """Observe, test and decide one verify step, token by token (see the module docstring).
 
@@ -286,6 +386,16 @@ class SpecExitState:
             ``[batch_size, max_drafts + 1, NUM_SIGNALS]`` the observation of each committed
             token ``r_j`` (NaN where a signal has none; columns past ``a`` are ignored). None
             pushes nothing: the guards still run, signal exits use the scores as they are.
+        known_columns : int, optional
+            Lagged mode (a source whose observation of ``r_j`` is known only one step later
+            for ``j >= known_columns``, e.g. ``draft-confidence``): only columns
+            ``j < known_columns`` are pushed and may exit by signals; the examined tokens after
+            them become the slot's backlog, pushed in token order at the start of its next
+            step from ``backlog_observations``. Call :meth:`truncation` first and cut the step
+            there, so that no boundary the signal rule could fire at lands in a backlog.
+        backlog_observations : torch.Tensor, optional
+            ``[batch_size, backlog_width, NUM_SIGNALS]`` observations of the tokens at
+            :meth:`backlog_positions` (lagged mode; None: NaN, nothing pushed).
 
         Returns
         -------
@@ -315,10 +425,36 @@ class SpecExitState:
                              f"[{run.shape[0]}, {run.shape[1]}, {NUM_SIGNALS}], got {list(observations.shape)}")
         if observations is None:
             observations = torch.full((*run.shape, NUM_SIGNALS), float("nan"), device=device)
+        width = run.shape[1]
         view = self.smoother.view(index)
-        values, defined = view.run_tokens(observations, examined, boundary)  # [batch_size, max_drafts + 1, S]
+        if known_columns is None:
+            values, defined = view.run_tokens(observations, examined, boundary)  # [batch_size, width, S]
+            known = torch.ones((1, width), dtype=torch.bool, device=device)
+        else:
+            known = torch.arange(width, device=device)[None, :] < int(known_columns)  # [1, width]
+            self._ensure_backlog(width - int(known_columns))
+            owed = self.backlog_examined.shape[1]
+            column = torch.arange(owed, device=device)[None, :]
+            owed_examined = self.backlog_examined[index] & (column < self.backlog_len[index][:, None])
+            owed_cut = self.backlog_cut[index] & owed_examined
+            if backlog_observations is None:
+                backlog_observations = torch.full((index.numel(), owed, NUM_SIGNALS), float("nan"), device=device)
+            given = backlog_observations.shape[1]
+            if backlog_observations.shape[0] != index.numel() or given > owed:
+                raise ValueError(f"backlog_observations must be [batch_size, backlog_width, NUM_SIGNALS] = "
+                                 f"[{index.numel()}, {owed}, {NUM_SIGNALS}], got {list(backlog_observations.shape)}")
+            if given < owed:  # positions read before this step widened the backlog: nothing owed there
+                backlog_observations = torch.nn.functional.pad(backlog_observations, (0, 0, 0, owed - given),
+                                                               value=float("nan"))
+            values, defined = view.run_tokens(
+                torch.cat([backlog_observations.to(device=device, dtype=observations.dtype),
+                           observations.to(device)], dim=1),
+                torch.cat([owed_examined, examined & known], dim=1),
+                torch.cat([owed_cut, boundary & known], dim=1))
+            values, defined = values[:, owed:], defined[:, owed:]  # [batch_size, width, S]
         self.smoother.store(index, view)
         passes = signal_test(values, defined, active[:, None, :], thresholds[:, None, :])  # [batch_size, width]
+        passes = passes & known
         decision = decide_exit(
             thinking=thinking,
             root_ids=run[:, 0],
@@ -335,4 +471,13 @@ class SpecExitState:
         counts = self.think_tokens[index]
         self.think_tokens[index] = torch.where(decision.was_thinking, counts + decision.emitted_len, counts)
         self.thinking[index] = decision.still_thinking
+        if known_columns is not None:
+            k = int(known_columns)
+            owed = self.backlog_examined.shape[1]
+            tail_examined = examined[:, k:] & decision.still_thinking[:, None]  # [batch_size, width - k]
+            pad = owed - tail_examined.shape[1]
+            self.backlog_examined[index] = torch.nn.functional.pad(tail_examined, (0, pad))
+            self.backlog_cut[index] = torch.nn.functional.pad(boundary[:, k:] & tail_examined, (0, pad))
+            self.backlog_len[index] = torch.where(decision.still_thinking,
+                                                  (valid.sum(dim=1) - k).clamp(min=0), torch.zeros_like(counts))
         return decision

@@ -18,7 +18,7 @@ of earlier versions tiers 0.5 and ``auto`` agreed on 0 of 40 problems.
 Slow tier: a TP 2 engine (two ranks, ``SGLANG_CPU_OMP_THREADS_BIND="0|1"``) gives the same 40 outputs as
 the TP 1 engine, under ``auto`` and a forced tier 0.5 (TP 2 sums its all-reduce in another order than TP 1).
 
-Budget: CI tier ~2 min on the shared 2-core host (one engine start, nine 40-problem runs); slow tier
+Budget: CI tier ~2.5 min on the shared 2-core host (two engine starts, sixteen 40-problem runs); slow tier
 ~1.5 min more (one TP 2 engine start, three 40-problem runs).
 """
 
@@ -131,6 +131,60 @@ def test_same_output_under_every_dcut_setting_load_and_draft_off_pattern(engine,
             assert hist.get(str(ratio), 0) > 0, (name, hist)  # the forced tier really ran
         if every:
             assert hist.get("draft_off", 0) > 0, (name, hist)
+    assert not failures, failures
+
+
+# --- the training-free signal: --specexit-signal-source draft-confidence ---------------------------
+
+DRAFT_CONFIDENCE = {"specexit_confidence_threshold": 0.98}  # the trained draft is confident: 0.8 exits at once
+
+
+def _draft_confidence_engine(tmp, **extra):
+    table = hand_written_table(str(tmp / "table.json"), 4, 1, 3, off_ms=[50, 1, 2])
+    return make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa",
+                       speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
+                       speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+                       max_total_tokens=32768, max_running_requests=64, specexit=True, dcut="auto",
+                       specexit_signal_source="draft-confidence", specexit_method="confidence",
+                       dcut_cost_table=table, dcut_cache_dir=str(tmp / "cache"), **extra)
+
+
+@pytest.fixture(scope="module")
+def dc_engine(tmp_path_factory):
+    eng = _draft_confidence_engine(tmp_path_factory.mktemp("specexit_invariance_dc"))
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+
+
+def _specexit_info(eng):
+    return eng.get_server_info()["internal_states"][0]["specexit"]
+
+
+def test_draft_confidence_source_gives_the_same_output_under_every_setting(dc_engine, prompts):
+    # The draft's one-step confidence of every committed token, read from the draft extends (lagged by
+    # a step, steps cut short before a boundary they cannot decide yet): the same runs as above.
+    # Before it (one value per accepted draft, from whichever draft depth proposed it) the exit moved
+    # with the tier and the load.
+    ref, _ = _run(dc_engine, prompts, DRAFT_CONFIDENCE, FULL, 0, N)
+    ref_ids = [o["output_ids"] for o in ref]
+    lengths = sorted(len(i) for i in ref_ids)
+    exited = sum(bool(o["meta_info"]["specexit_exited"]) for o in ref)
+    assert exited >= 0.75 * N, f"only {exited} of {N} reference outputs exited early"
+    assert lengths[N // 4] < lengths[3 * N // 4], lengths  # exits at different points, not all at the first
+    failures = []
+    for name, ratio, every, in_flight in RUNS:
+        outs, hist = _run(dc_engine, prompts, DRAFT_CONFIDENCE, ratio, every, in_flight)
+        bad = [i for i, o in enumerate(outs) if o["output_ids"] != ref_ids[i]]
+        print(f"draft-confidence, {name}: {N - len(bad)}/{N} identical, tiers {hist}")
+        if bad:
+            failures.append(f"{name}: {len(bad)} of {N} outputs differ (first: problem {bad[0]})")
+        if every:
+            assert hist.get("draft_off", 0) > 0, (name, hist)
+    info = _specexit_info(dc_engine)
+    assert info["missing_signals"] == 0, info  # every value a decision read was there
+    assert info["truncated_steps"] > 0, info  # the cut-short path ran
     assert not failures, failures
 
 

@@ -1,8 +1,8 @@
 """Training-free ``draft-confidence`` signal source: definition by hand, NaN rule, use in the state.
 
 Pure: no sglang import. Expected values are hand-computed from the definition in
-``draft_confidence.py`` (each accepted draft observed with its draft probability, the root
-with none).
+``draft_confidence.py`` (each committed token observed with the draft's one-step confidence at its
+position, known at the decision for r_0 and r_1 only: the lagged state).
 Budget: < 3 s.
 """
 
@@ -36,34 +36,49 @@ def test_max_softmax_is_stable_for_large_logits_and_low_precision():
     assert half.dtype == torch.float32 and abs(half.item() - 0.75) < 1e-2
 
 
-def test_each_accepted_draft_is_observed_with_its_probability_and_the_root_with_none():
-    probs = torch.tensor([[0.5, 0.25, 1.0], [0.9, 0.8, 0.7]])
-    out = draft_confidence_signals(probs, width=4)  # [2, 4, NUM_SIGNALS]
+def test_known_columns_carry_the_values_and_the_rest_is_nan():
+    values = torch.tensor([[0.5, 0.25], [0.9, float("nan")]])
+    out = draft_confidence_signals(values, width=4)  # [2, 4, NUM_SIGNALS]
     assert out.shape == (2, 4, 3)
-    assert torch.isnan(out[:, 0]).all()  # r_0: the draft did not propose it
-    assert out[0, 1:, 0].tolist() == [0.5, 0.25, 1.0] and out[1, 1:, 0].tolist() == pytest.approx([0.9, 0.8, 0.7])
+    assert out[0, :2, 0].tolist() == [0.5, 0.25] and out[1, 0, 0].item() == pytest.approx(0.9)
+    assert torch.isnan(out[1, 1, 0]) and torch.isnan(out[:, 2:]).all()  # r_2.. not known yet
     assert torch.isnan(out[:, :, 1:]).all()  # progress and remain have no value from this source
-    narrow = draft_confidence_signals(probs, width=2)  # a draft-off width or a shallow tree
-    assert narrow[:, 1, 0].tolist() == pytest.approx([0.5, 0.9])
+    narrow = draft_confidence_signals(values, width=1)  # a draft-off step: the root only
+    assert narrow.shape == (2, 1, 3) and narrow[:, 0, 0].tolist() == pytest.approx([0.5, 0.9])
 
 
-def test_draft_confidence_drives_an_exit_per_token_and_skips_roots():
-    # Method "confidence" (the only one this source serves), EWMA alpha 0.5, threshold 0.8.
+def test_draft_confidence_drives_a_lagged_exit_by_hand():
+    # Method "confidence", EWMA alpha 0.5, threshold 0.8, boundary 7. Token values by position:
+    # p:    0    1    2    3    4    5    6
+    # tok: 10   10   10   10    7   10   10
+    # q:  nan  1.0  0.6  0.9  1.0  ...
+    # Step 1 (root p0, r_1 p1, r_2 p2, bonus p3): known p0 (none), p1 -> e = 1.0; p2 owed.
+    # Step 2 (root p3, r_1 = 7 at p4): owed p2 (0.6) -> 0.8, p3 (0.9) -> 0.85, p4 (1.0) -> 0.925 > 0.8
+    # at the boundary: exit keeping r_1.
     state = SpecExitState.allocate(1, [7], 9, max_window=16, dtype=torch.float64)
     state.reset([0], [SpecExitOptions(method="confidence", ewma_alpha=0.5)], think_tokens=1)
     slot = torch.tensor([0])
+    q = [float("nan"), 1.0, 0.6, 0.9, 1.0]
 
-    def step(accepted, probs):
-        row = accepted + [PAD_TOKEN] * (3 - len(accepted))
-        obs = draft_confidence_signals(torch.tensor([probs], dtype=torch.float64), width=4)
-        return state.step(slot, torch.tensor([10]), torch.tensor([row]), torch.tensor([10]), obs)
+    def step(root_pos, accepted, bonus):
+        row = torch.tensor([accepted + [PAD_TOKEN] * (3 - len(accepted))])
+        cut, keep = state.truncation(slot, torch.tensor([10]), row, torch.tensor([bonus]), 2)
+        assert not cut.any()
+        known = draft_confidence_signals(torch.tensor([q[root_pos : root_pos + 2]], dtype=torch.float64), 4)
+        owed_pos = state.backlog_positions(slot, torch.tensor([root_pos]))
+        owed = torch.full((1, owed_pos.shape[1], 3), float("nan"), dtype=torch.float64)
+        for c, p in enumerate(owed_pos[0].tolist()):
+            if p >= 0:
+                owed[0, c, 0] = q[p]
+        return state.step(slot, torch.tensor([10]), row, torch.tensor([bonus]), known, known_columns=2,
+                          backlog_observations=owed)
 
-    step([10, 10], [1.0, 0.8, 0.3])  # pushes 1.0 then 0.8 (0.3 not accepted): e = 1.0, 0.9
-    assert state.scores(slot)[0][0, 0].item() == 0.9
-    step([], [0.1, 0.1, 0.1])  # no accepted draft: nothing pushed, e stays 0.9
-    assert state.scores(slot)[0][0, 0].item() == 0.9
-    d = step([10, 7], [0.5, 1.0, 0.5])  # e = 0.7 after r_1, 0.85 at the boundary r_2 -> exit there
-    assert d.exit.tolist() == [True] and d.keep_drafts.tolist() == [2]
+    d = step(0, [10, 10], 10)
+    assert not d.exit.any() and state.scores(slot)[0][0, 0].item() == 1.0
+    assert state.backlog_positions(slot, torch.tensor([3])).tolist() == [[2, -1]]
+    d = step(3, [7], 10)
+    assert d.exit.tolist() == [True] and d.keep_drafts.tolist() == [1]
+    assert state.scores(slot)[0][0, 0].item() == pytest.approx(0.925)
 
 
 def test_signal_source_check():

@@ -537,3 +537,112 @@ def test_the_exit_token_does_not_depend_on_how_tokens_are_split_into_steps():
     assert kinds.count("natural") >= 5, kinds
     by_kind = {SmoothingKind(o.smoothing) for o, out in zip(options, one_token) if out[1] == ExitReason.SIGNALS}
     assert by_kind == set(SmoothingKind), by_kind
+
+
+# --- lagged observations (draft-confidence) -------------------------------------------------
+
+KNOWN = 2  # the draft-confidence source knows the observations of r_0 and r_1 at the decision
+
+
+def run_chunked_lagged(streams, options, rng, widths):
+    """As :func:`run_chunked`, but a token's observation is known only once the step whose root
+    precedes it by at most one position has come (the draft extend computes it after the verify):
+    each step calls ``truncation`` first and cuts the run there, passes the observations of r_0 and
+    r_1 only, and the owed ones of earlier tokens through ``backlog_positions``. Returns the outcomes
+    and how many steps were cut short."""
+    n = len(streams)
+    state = SpecExitState.allocate(n, BOUNDARY, STOP, max_window=16, dtype=torch.float32)
+    state.reset(list(range(n)), options, think_tokens=1)
+    pos = [0] * n
+    outcome = [None] * n
+    truncated = 0
+    while True:
+        live = [i for i in range(n) if outcome[i] is None]
+        if not live:
+            return outcome, truncated
+        width = rng.choice(widths)
+        batch = [i for i in live if rng.random() < 0.8] or live[:1]
+        rng.shuffle(batch)
+        roots, accepted, bonus = [], [], []
+        for i in batch:
+            tokens, _ = streams[i]
+            room = len(tokens) - pos[i] - 2
+            a = min(rng.randint(0, width), max(room, 0))
+            roots.append(tokens[pos[i]])
+            accepted.append(tokens[pos[i] + 1 : pos[i] + 1 + a] + [PAD_TOKEN] * (width - a))
+            bonus.append(tokens[pos[i] + 1 + a])
+        slots = torch.tensor(batch)
+        acc = torch.tensor(accepted, dtype=torch.int64).view(len(batch), width)
+        cut, keep = state.truncation(slots, torch.tensor(roots), acc, torch.tensor(bonus), KNOWN)
+        truncated += int(cut.sum())
+        obs, owed = [], []
+        positions = state.backlog_positions(slots, torch.tensor([pos[i] for i in batch]))
+        for k, i in enumerate(batch):
+            tokens, sig = streams[i]
+            if bool(cut[k]):
+                j = int(keep[k]) + 1  # r_j becomes the bonus
+                acc[k, j - 1 :] = PAD_TOKEN
+                bonus[k] = tokens[pos[i] + j]
+            known = [sig[pos[i] + c] if c < KNOWN else signals() for c in range(width + 1)]
+            obs.append(known)
+            owed.append([sig[p] if p >= 0 else signals() for p in positions[k].tolist()])
+        owed_t = torch.tensor(owed, dtype=torch.float32).view(len(batch), positions.shape[1], 3)
+        d = state.step(slots, torch.tensor(roots), acc, torch.tensor(bonus), torch.tensor(obs, dtype=torch.float32),
+                       known_columns=KNOWN, backlog_observations=owed_t)
+        for k, i in enumerate(batch):
+            if bool(d.exit[k]):
+                outcome[i] = (pos[i] + int(d.keep_drafts[k]), int(d.reason[k]))
+            elif bool(d.natural_end[k]):
+                outcome[i] = (None, "natural")
+            else:
+                pos[i] += int(d.keep_drafts[k]) + 1
+                if pos[i] + 2 >= len(streams[i][0]):
+                    outcome[i] = (None, "running")
+
+
+def test_lagged_observations_give_the_exit_of_one_token_per_step():
+    # draft-confidence: the observation of r_j (j >= 2) exists only after the step's draft extend.
+    # Cutting a step short before a boundary at j >= 2 and pushing the owed observations first in the
+    # next step gives the exit token of the one-token-per-step run with every observation known.
+    rng = random.Random(35)
+    streams = [random_stream(rng) for _ in range(150)]
+    options = [random_options(rng) for _ in streams]
+    options = [SpecExitOptions(**{**o.__dict__, "enable": True}) if not o.enable else o for o in options]
+    one_token = run_chunked(streams, options, random.Random(0), widths=[0])
+    for seed, widths in ((1, [3]), (2, [7]), (3, [0, 1, 3]), (4, [0, 0, 0, 15]), (5, [1, 2, 4, 8])):
+        lagged, truncated = run_chunked_lagged(streams, options, random.Random(seed), widths)
+        assert lagged == one_token, widths
+        if max(widths) >= 3:
+            assert truncated > 0, widths
+    kinds = [o[1] for o in one_token]
+    assert kinds.count(ExitReason.SIGNALS) >= 30 and kinds.count(ExitReason.MAX_THINK) >= 5, kinds
+
+
+def test_lagged_steps_without_truncation_would_exit_elsewhere():
+    # The truncation is what makes the lagged mode exact: skipping it (a boundary at j >= 2 is then
+    # decided before its observation is known, i.e. never by signals) moves exits.
+    rng = random.Random(36)
+    streams = [random_stream(rng) for _ in range(60)]
+    options = [SpecExitOptions(method="confidence", smoothing="ewma", ewma_alpha=0.5, confidence_threshold=0.7)
+               for _ in streams]
+    one_token = run_chunked(streams, options, random.Random(0), widths=[0])
+    original = SpecExitState.truncation
+    try:
+        SpecExitState.truncation = lambda self, s, r, a, b, k: (torch.zeros(len(s), dtype=torch.bool),
+                                                                 (a != PAD_TOKEN).sum(dim=1))
+        lagged, truncated = run_chunked_lagged(streams, options, random.Random(2), [7])
+    finally:
+        SpecExitState.truncation = original
+    assert truncated == 0 and lagged != one_token
+
+
+def test_truncation_respects_min_think_and_stops_and_leaves_known_columns_alone():
+    state = new_state()
+    state.reset([0, 1, 2], [SpecExitOptions(min_think_tokens=5), SpecExitOptions(), SpecExitOptions()],
+                think_tokens=[1, 1, 1])
+    roots = torch.tensor([T, T, T])
+    acc = torch.tensor([[T, T, 7, T], [T, STOP, 7, T], [7, T, T, 8]])
+    cut, keep = state.truncation(torch.tensor([0, 1, 2]), roots, acc, torch.tensor([T, T, T]), 2)
+    # request 0: n_3 = 4 < 5 at the boundary r_3, but r_4 = T: nothing; request 1: the boundary comes
+    # after the stop token (not a thinking token); request 2: r_1 = 7 is decidable now, r_4 = 8 cuts at j = 4
+    assert cut.tolist() == [False, False, True] and keep.tolist() == [4, 4, 3]

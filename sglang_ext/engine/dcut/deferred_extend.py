@@ -32,6 +32,8 @@ accepted drafts, never different output -- verification decides every token).
 
 Only the project's own draft-off steps defer; the profiler's forced draft-off steps run SGLang's
 extend (the profiled draft-off cost stays the conservative one, the online costs correct it).
+With SpecExit's ``draft-confidence`` signal on, no step defers (``every_extend_needed_by``, warned
+once): that signal is read from every draft extend's rows before the next exit decision.
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ class DeferredDraftExtend:
         self.next_step_off = next_step_off
         self.pending: Dict[str, PendingDraftRows] = {}  # by request id
         self.flush_requested = False
+        #: Why no draft-off step may defer its extend on this worker (None: they may): SpecExit's
+        #: ``draft-confidence`` signal reads every draft extend's rows before its next decision.
+        self.every_extend_needed_by: Optional[str] = None
         self.stats = DeferredExtendStats()
         self._warned: set = set()
 
@@ -174,6 +179,8 @@ class DeferredDraftExtend:
     def _not_deferrable(self, batch: Any, batch_result: Any) -> Optional[str]:
         if not self.enabled:
             return "mode"
+        if self.every_extend_needed_by is not None:
+            return self.every_extend_needed_by
         if batch.forward_mode.is_idle() or not batch.reqs:
             return "idle batch"
         if getattr(batch, "global_num_tokens", None) is not None:

@@ -118,29 +118,79 @@ def apply_exit_cut(
     >>> ids.tolist(), lens.tolist(), seq.tolist(), bonus.tolist(), new.tolist()
     ([11, 9, 13, 99, 21, 22, 77, 0], [2, 3], [12, 23], [9, 77], [2, 3])
     """
-    device = next_token_ids.device
-    batch_size = accept_lens.shape[0]
-    exit_mask = exit_mask.to(device=device, dtype=torch.bool)
-    old = accept_lens.to(torch.int64, copy=True)  # a copy: accept_lens is rewritten below
-    new = cut_lengths(accept_lens, exit_mask, keep_drafts)
-    last = torch.arange(batch_size, device=device, dtype=torch.int64) * num_draft_tokens + new - 1
-
+    exit_mask = exit_mask.to(device=next_token_ids.device, dtype=torch.bool)
+    new, last = _shorten(accept_lens, new_seq_lens, exit_mask, keep_drafts, num_draft_tokens, accept_index,
+                         prepared_draft_extend_inputs)
     _set_at(next_token_ids, last, exit_mask, stop_think_id)
-    accept_lens.copy_(new.to(accept_lens.dtype))
-    new_seq_lens.sub_((old - new).to(new_seq_lens.dtype))
     bonus_tokens.copy_(torch.where(exit_mask, torch.full_like(bonus_tokens, stop_think_id), bonus_tokens))
-
-    if accept_index is not None:
-        column = torch.arange(accept_index.shape[1], device=device)[None, :]
-        beyond = exit_mask[:, None] & (column >= new[:, None])
-        accept_index.copy_(torch.where(beyond, torch.full_like(accept_index, NO_NODE), accept_index))
-
     if prepared_draft_extend_inputs is not None:
-        num_correct, select_index, ids_copy = prepared_draft_extend_inputs
-        num_correct.copy_((new - 1).to(num_correct.dtype))
-        select_index.copy_(last.to(select_index.dtype))
+        ids_copy = prepared_draft_extend_inputs[2]
         _set_at(ids_copy, last.to(device=ids_copy.device), exit_mask.to(ids_copy.device), stop_think_id)
     return new
+
+
+def apply_truncation(
+    next_token_ids: torch.Tensor,  # [batch_size * num_draft_tokens]
+    accept_lens: torch.Tensor,  # [batch_size]
+    new_seq_lens: torch.Tensor,  # [batch_size]
+    bonus_tokens: torch.Tensor,  # [batch_size]
+    truncate: torch.Tensor,  # [batch_size] bool
+    keep_drafts: torch.Tensor,  # [batch_size]
+    num_draft_tokens: int,
+    accept_index: Optional[torch.Tensor] = None,  # [batch_size, spec_steps + 1]
+    prepared_draft_extend_inputs: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+) -> torch.Tensor:  # [batch_size] int64
+    """End a request's step after ``keep_drafts`` accepted drafts, its next accepted draft as the bonus.
+
+    The same tokens are committed over two steps instead of one: ``r_{keep + 1}`` (already at
+    ``next_token_ids[b*N + keep]``, and its logprob in that column) becomes the bonus, so it is
+    the next step's root; the rest of the run is dropped as a cut drops it (lengths, the next
+    root, the prepared draft-extend inputs, ``accept_index``). SpecExit's lagged signals
+    (``SpecExitState.truncation``) cut a step short before a boundary they cannot decide yet.
+
+    Examples
+    --------
+    >>> ids = torch.tensor([11, 12, 13, 99, 21, 22, 77, 0], dtype=torch.int32)
+    >>> lens, seq = torch.tensor([4, 3], dtype=torch.int32), torch.tensor([14, 23])
+    >>> bonus = torch.tensor([99, 77], dtype=torch.int32)
+    >>> new = apply_truncation(ids, lens, seq, bonus, torch.tensor([True, False]), torch.tensor([1, 2]), 4)
+    >>> ids.tolist(), lens.tolist(), seq.tolist(), bonus.tolist()
+    ([11, 12, 13, 99, 21, 22, 77, 0], [2, 3], [12, 23], [12, 77])
+    """
+    truncate = truncate.to(device=next_token_ids.device, dtype=torch.bool)
+    new, last = _shorten(accept_lens, new_seq_lens, truncate, keep_drafts, num_draft_tokens, accept_index,
+                         prepared_draft_extend_inputs)
+    kept = next_token_ids[last].to(bonus_tokens.dtype)
+    bonus_tokens.copy_(torch.where(truncate.to(bonus_tokens.device), kept.to(bonus_tokens.device), bonus_tokens))
+    return new
+
+
+def _shorten(
+    accept_lens: torch.Tensor,  # [batch_size]
+    new_seq_lens: torch.Tensor,  # [batch_size]
+    mask: torch.Tensor,  # [batch_size] bool
+    keep_drafts: torch.Tensor,  # [batch_size]
+    num_draft_tokens: int,
+    accept_index: Optional[torch.Tensor],  # [batch_size, spec_steps + 1]
+    prepared_draft_extend_inputs: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> Tuple[torch.Tensor, torch.Tensor]:  # ([batch_size] L', [batch_size] flat index of the last token)
+    """The length edits shared by a cut and a truncation (in place); returns ``L'`` and ``b*N + L' - 1``."""
+    device = mask.device
+    batch_size = accept_lens.shape[0]
+    old = accept_lens.to(torch.int64, copy=True)  # a copy: accept_lens is rewritten below
+    new = cut_lengths(accept_lens, mask, keep_drafts)
+    last = torch.arange(batch_size, device=device, dtype=torch.int64) * num_draft_tokens + new - 1
+    accept_lens.copy_(new.to(accept_lens.dtype))
+    new_seq_lens.sub_((old - new).to(new_seq_lens.dtype))
+    if accept_index is not None:
+        column = torch.arange(accept_index.shape[1], device=device)[None, :]
+        beyond = mask[:, None] & (column >= new[:, None])
+        accept_index.copy_(torch.where(beyond, torch.full_like(accept_index, NO_NODE), accept_index))
+    if prepared_draft_extend_inputs is not None:
+        num_correct, select_index, _ = prepared_draft_extend_inputs
+        num_correct.copy_((new - 1).to(num_correct.dtype))
+        select_index.copy_(last.to(select_index.dtype))
+    return new, last
 
 
 def stop_token_logprobs(

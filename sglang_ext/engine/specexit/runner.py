@@ -28,9 +28,17 @@ EAGLE3 features of the verify window (``logits_output.hidden_states``, rows root
 front-compacted for trees): one observation per committed token, the bonus excluded (it is
 the next step's root and observed there). The target computes these hidden states in every
 verify, draft-off steps included, so no deferral delays a signal and the exit is a function
-of the committed tokens. With ``draft-confidence`` each accepted draft is observed with the
-draft's own probability of it (``sglang_ext.specexit.draft_confidence``), as captured per
-verify step by ``sglang_ext.engine.draft_capture``.
+of the committed tokens. With ``draft-confidence`` every committed token is observed with the
+draft's one-step confidence at its position (``sglang_ext.specexit.draft_confidence``, "Per
+token"), which the draft extends compute: the draft capture hands this runner every row of each
+draft extend (``DraftCapture.extend_rows_sink``), kept per slot and position in an
+:class:`~sglang_ext.specexit.observation_ring.ObservationRing` until read. At a verify the values
+of ``r_0`` and ``r_1`` are known, those of ``r_2..`` only after this step's extend, so the state
+runs lagged (``SpecExitState.step(known_columns=2)``: the later ones are pushed first thing next
+step) and a step whose ``r_j`` (``j >= 2``) is a boundary the rule could fire at is cut short
+before it (``SpecExitState.truncation``, :func:`~sglang_ext.engine.specexit.cut.apply_truncation`):
+the same tokens, committed over one more step. Draft-off steps run their draft extend (no
+deferral) while this source is on, so every value exists by the time it is read.
 
 **Inactive.** On a model whose tokenizer has no one-token stop-think string (a non-thinking
 model such as SmolLM2, where ``</think>`` is 3 tokens) and no ``--specexit-stop-think-token``
@@ -54,7 +62,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from sglang_ext.config import ConfigError, SpecExitConfig, resolve_token_ids
-from sglang_ext.engine.specexit.cut import apply_exit_cut, stop_token_logprobs
+from sglang_ext.engine.specexit.cut import apply_exit_cut, apply_truncation, stop_token_logprobs
 from sglang_ext.engine.specexit.report import (
     REPORT_ATTR,
     ROW_FIELDS,
@@ -64,9 +72,16 @@ from sglang_ext.engine.specexit.report import (
     SpecExitSink,
     SpecExitStats,
 )
-from sglang_ext.specexit.criterion import ExitDecision, split_emitted_run
+from sglang_ext.specexit.criterion import PAD_TOKEN, ExitDecision, split_emitted_run
 from sglang_ext.specexit.defaults import MAX_WINDOW
-from sglang_ext.specexit.draft_confidence import DRAFT_CONFIDENCE_SOURCE, draft_confidence_signals
+from sglang_ext.specexit.draft_confidence import (
+    DRAFT_CONFIDENCE_SOURCE,
+    KNOWN_COLUMNS,
+    OBSERVED_OFFSET,
+    draft_confidence_signals,
+    max_softmax,
+)
+from sglang_ext.specexit.observation_ring import ObservationRing
 from sglang_ext.specexit.overrides import SpecExitOptionError, SpecExitOptions, options_for_request
 from sglang_ext.specexit.signals import (
     NUM_SIGNALS,
@@ -209,6 +224,10 @@ class SpecExitRunner:
         if self.source == HEAD_SOURCE:
             self.signal_rows = self._check_head(worker)  # flags vs draft: checked even when inactive
         self.state: Optional[SpecExitState] = None
+        self.ring: Optional[ObservationRing] = None  # draft-confidence: per-position values
+        self.missing = torch.zeros((), dtype=torch.int64)  # draft-confidence values read but not held
+        self.truncations = torch.zeros((), dtype=torch.int64)  # steps cut short before an undecidable boundary
+        self._worker = worker
         self.owner: Dict[int, str] = {}
         self.stats = SpecExitStats()
         self.sink = SpecExitSink(self.stop_think_id, self.stats, ExitLog())
@@ -216,9 +235,13 @@ class SpecExitRunner:
         if self.inactive_reason is not None:
             return
         if self.source == DRAFT_CONFIDENCE_SOURCE:
-            logger.warning("--specexit-signal-source draft-confidence: the draft's probabilities exist only for the "
-                           "tokens it drafted, which depend on the verify width, D-Cut and the load, so an exit can "
-                           "move with them (the head's signals, read per committed token, do not)")
+            capture = getattr(worker, "draft_capture", None)
+            if capture is None:
+                logger.warning("--specexit-signal-source draft-confidence: this worker hosts no draft; "
+                               "no signal-driven exits")
+            else:
+                capture.extend_rows_sink = self._extend_rows
+                capture.prefill_rows_sink = self._prefill_rows
         logger.info("SpecExit on: method=%s source=%s smoothing=%s stop_think_id=%d boundary_ids=%s",
                     self.method.name, self.source, self.options.smoothing.label, self.stop_think_id,
                     list(self.boundary_ids))
@@ -259,11 +282,75 @@ class SpecExitRunner:
             slots = int(pool.req_to_token.shape[0])
             self.state = SpecExitState.allocate(slots, self.boundary_ids, self.stop_think_id,
                                                 max_window=MAX_WINDOW, device=worker.device)
+            if self.lagged:
+                self.ring = ObservationRing.allocate(slots, device=worker.device)
+                self.missing = self.missing.to(worker.device)
+                self.truncations = self.truncations.to(worker.device)
         return self.state
+
+    @property
+    def lagged(self) -> bool:
+        """The signal of ``r_j`` (``j >= KNOWN_COLUMNS``) is known only after the step (draft-confidence)."""
+        return self.source == DRAFT_CONFIDENCE_SOURCE
+
+    # ---------------------------------------------------------------- draft-confidence values
+    _rows_warned = False
+
+    def _extend_rows(self, forward_batch, logits) -> None:
+        """``DraftCapture.extend_rows_sink``: every row of a draft extend after a verify.
+
+        ``logits`` ``[num_rows, draft_vocab]``: row ``i`` is the draft's prediction from the
+        target's hidden state at ``forward_batch.positions[i]`` and the token after it, so its
+        max-softmax is the value of position ``positions[i] + OBSERVED_OFFSET``. Rows past a
+        request's accepted run write positions nobody has committed yet; the extend of the
+        step that verifies them writes them again before they are read.
+        """
+        if forward_batch is None or logits is None:
+            return
+        positions = getattr(forward_batch, "positions", None)  # [num_rows]
+        lens = getattr(forward_batch, "extend_seq_lens", None)  # [bs]
+        slots = getattr(forward_batch, "req_pool_indices", None)  # [bs]
+        rows = int(logits.shape[0])
+        if (positions is None or lens is None or slots is None or positions.shape[0] != rows
+                or not isinstance(lens, torch.Tensor)):
+            if not SpecExitRunner._rows_warned:
+                SpecExitRunner._rows_warned = True
+                logger.warning("--specexit-signal-source draft-confidence: a draft extend's rows do not match its "
+                               "positions; its values are not kept (exits may then come later)")
+            return
+        self._ensure_state(self._worker)
+        row_slot = torch.repeat_interleave(slots.to(torch.int64), lens.to(device=slots.device, dtype=torch.int64),
+                                           output_size=rows)  # [num_rows]
+        with torch.no_grad():
+            values = max_softmax(logits)  # [num_rows]
+        self.ring.write(row_slot, positions.to(torch.int64) + OBSERVED_OFFSET, values)
 
     def request_options(self, req) -> SpecExitOptions:
         """Options of one request: server defaults merged with its ``custom_params``."""
         return options_for_request(self.options, getattr(req.sampling_params, "custom_params", None), self.method)
+
+    def _prefill_rows(self, forward_batch, logits) -> None:
+        """``DraftCapture.prefill_rows_sink``: a prefill's draft extend, one row per request.
+
+        Forgets what the slots held, then: no value for the first output token (position
+        ``L = seq_lens``, sampled by the prefill; the prefill's draft extend keeps no row that
+        predicts it) and the last row's max-softmax for position ``L + 1``.
+        """
+        seq_lens = getattr(forward_batch, "seq_lens", None)  # [bs]
+        slots = getattr(forward_batch, "req_pool_indices", None)  # [bs]
+        if seq_lens is None or slots is None or logits is None or logits.shape[0] != slots.shape[0]:
+            if not SpecExitRunner._rows_warned:
+                SpecExitRunner._rows_warned = True
+                logger.warning("--specexit-signal-source draft-confidence: a prefill's draft extend has not one row "
+                               "per request; its values are not kept (exits may then come later)")
+            return
+        self._ensure_state(self._worker)
+        index = slots.to(torch.int64)
+        first = seq_lens.to(device=index.device, dtype=torch.int64)  # [bs] position L
+        self.ring.clear(index)
+        self.ring.write(index, first, torch.full(first.shape, float("nan"), device=index.device))
+        with torch.no_grad():
+            self.ring.write(index, first + 1, max_softmax(logits))
 
     # ---------------------------------------------------------------- prefill
     def on_prefill(self, worker, batch, result) -> None:
@@ -339,8 +426,22 @@ class SpecExitRunner:
         accepted, bonus = split_emitted_run(result.next_token_ids, result.accept_lens, num_draft)
         accepted = accepted[:, : self.max_accepted(worker, num_draft)]  # [bs, longest a]
         remain_before = state.scores(slots)[0][:, int(Signal.REMAIN)]  # [bs], NaN where undefined
-        signals = self.token_signals(worker, batch, verify_input, result, num_draft, accepted.shape[1] + 1)
-        decision = state.step(slots, roots, accepted, bonus, signals)
+        truncated = None
+        if self.lagged:
+            truncated, keep = state.truncation(slots, roots, accepted, bonus, KNOWN_COLUMNS)
+            self.truncations += truncated.sum()
+            apply_truncation(result.next_token_ids, result.accept_lens, result.new_seq_lens,
+                             result.next_draft_input.bonus_tokens, truncated, keep, num_draft,
+                             accept_index=result.accept_index,
+                             prepared_draft_extend_inputs=result.prepared_draft_extend_inputs)
+            accepted, bonus = split_emitted_run(result.next_token_ids, result.accept_lens, num_draft)
+            accepted = accepted[:, : self.max_accepted(worker, num_draft)]
+            signals, owed = self.lagged_signals(batch, slots, accepted)
+            decision = state.step(slots, roots, accepted, bonus, signals, known_columns=KNOWN_COLUMNS,
+                                  backlog_observations=owed)
+        else:
+            signals = self.token_signals(worker, batch, verify_input, result, num_draft, accepted.shape[1] + 1)
+            decision = state.step(slots, roots, accepted, bonus, signals)
 
         self._fix_logprobs(batch, result, decision)
         bonus_tokens = result.next_draft_input.bonus_tokens
@@ -355,6 +456,7 @@ class SpecExitRunner:
                          "signals": signals.tolist(),
                          "decision": {k: getattr(decision, k).tolist() for k in
                                       ("exit", "keep_drafts", "reason", "natural_end", "first_boundary")},
+                "truncated": None if truncated is None else truncated.tolist(),
                          "accept_lens": result.accept_lens.tolist(),
                          "next_token_ids": result.next_token_ids.view(bs, num_draft).tolist()})
         return result
@@ -380,6 +482,33 @@ class SpecExitRunner:
             return min(longest, int(worker.speculative_num_steps))
         return longest
 
+    def lagged_signals(self, batch, slots: torch.Tensor, accepted: torch.Tensor):
+        """draft-confidence: the known observations of this step's run and the owed ones.
+
+        Returns ``(signals [bs, a_max + 1, NUM_SIGNALS], owed [bs, backlog_width, NUM_SIGNALS])``:
+        the values of ``r_0`` (position ``seq_lens``) and ``r_1`` in columns 0 and 1 (NaN after),
+        and those of the state's backlog positions. Values a thinking request needs but the ring
+        does not hold are counted in ``missing``.
+        """
+        state = self.state
+        device = state.thinking.device
+        bs, width = accepted.shape[0], accepted.shape[1] + 1
+        roots = batch.seq_lens.to(device=device, dtype=torch.int64)  # [bs] position of r_0
+        known = min(KNOWN_COLUMNS, width)
+        keys = roots[:, None] + torch.arange(known, device=device)[None, :]  # [bs, known]
+        values, held = self.ring.read(slots, keys)
+        owed_keys = state.backlog_positions(slots, roots)  # [bs, backlog_width], -1 where none
+        owed_values, owed_held = self.ring.read(slots, owed_keys)
+        thinking = state.thinking[slots][:, None]  # [bs, 1]
+        present = torch.ones((bs, known), dtype=torch.bool, device=device)
+        if known > 1:
+            present[:, 1] = accepted[:, 0].to(device) != PAD_TOKEN
+        self.missing += ((~held & present & thinking).sum() + (~owed_held & (owed_keys >= 0) & thinking).sum())
+        signals = draft_confidence_signals(values, width)  # [bs, width, NUM_SIGNALS]
+        owed = torch.full((bs, owed_keys.shape[1], NUM_SIGNALS), float("nan"), device=device)
+        owed[:, :, int(Signal.CONFIDENCE)] = owed_values
+        return signals.to(device=device, dtype=torch.float32), owed
+
     def token_signals(self, worker, batch, verify_input, result, num_draft: int, width: int) -> torch.Tensor:
         """This step's observation of every committed token, ``[bs, width, NUM_SIGNALS]``.
 
@@ -388,11 +517,6 @@ class SpecExitRunner:
         """
         bs = int(result.accept_lens.shape[0])
         device = self.state.thinking.device
-        if self.source == DRAFT_CONFIDENCE_SOURCE:
-            probs = self._accepted_draft_probs(worker, batch, verify_input, result, num_draft)
-            if probs is None:
-                return torch.full((bs, width, NUM_SIGNALS), float("nan"), device=device)
-            return draft_confidence_signals(probs, width).to(device=device, dtype=torch.float32)
         hidden = result.logits_output.hidden_states  # [bs * N, num_aux * H], front-compacted
         rows = strided_token_columns(hidden, bs, num_draft, width)  # [bs, width, num_aux * H]
         model = self.draft_model(worker)
@@ -401,32 +525,6 @@ class SpecExitRunner:
             raw = raw[:, list(self.signal_rows)]  # [bs * width, method.k]
             values = decode_signals(raw, self.method)  # [bs * width, NUM_SIGNALS]
         return values.view(bs, width, NUM_SIGNALS).to(device=device, dtype=torch.float32)
-
-    _capture_warned = False
-
-    def _accepted_draft_probs(self, worker, batch, verify_input, result, num_draft):
-        """``[bs, spec_steps]`` draft probabilities along each accepted path, or None if not captured.
-
-        Column ``j - 1`` is the draft's probability of the j-th accepted draft given its
-        parent (``DraftScores.confidence`` of ``sglang_ext.engine.draft_capture``), read at the
-        local node ids of ``accept_index`` (chains: nodes 1..a). Entries past ``a`` are ignored.
-        """
-        capture = getattr(worker, "draft_capture", None)
-        accept_index = result.accept_index  # [bs, spec_steps + 1] global node ids, NO_NODE padded
-        if capture is None or accept_index is None:
-            if not SpecExitRunner._capture_warned:
-                logger.warning("--specexit-signal-source draft-confidence: per-node draft confidences are not "
-                               "captured on this worker; no signal-driven exits")
-                SpecExitRunner._capture_warned = True
-            return None
-        bs = accept_index.shape[0]
-        scores = capture.scores_for_verify(verify_input, bs)
-        if not scores.valid:
-            return None
-        confidence = scores.confidence.to(accept_index.device)  # [bs, N]
-        base = torch.arange(bs, device=accept_index.device, dtype=torch.int64)[:, None] * num_draft
-        local = (accept_index[:, 1:].to(torch.int64) - base).clamp(0, num_draft - 1)  # [bs, spec_steps]
-        return confidence.gather(1, local)
 
     # ---------------------------------------------------------------- logprobs, reporting, trace
     def _fix_logprobs(self, batch, result, decision: ExitDecision) -> None:
@@ -475,6 +573,9 @@ class SpecExitRunner:
         """The ``/server_info`` payload of this worker (``active`` false and ``inactive_reason``
         when SpecExit watches no request on this model)."""
         info = self.stats.as_dict()
+        if self.lagged:
+            info["missing_signals"] = int(self.missing)
+            info["truncated_steps"] = int(self.truncations)
         info.update({"active": self.active, "inactive_reason": self.inactive_reason,
                      "method": self.method.name, "signal_source": self.source,
                      "stop_think_id": self.stop_think_id, "boundary_ids": list(self.boundary_ids)})
