@@ -15,11 +15,15 @@ Two measurements, printed side by side:
   path (signals of every committed token, the state step) but never exits (confidence threshold
   1.0), so both engines emit the same tokens and the wall-time ratio is the cost of a SpecExit
   step. Passes alternate A B B A ... (``--repeats``), so the drift of a shared host cancels out.
+  ``--signal-sources head,draft-confidence`` adds a third engine with the training-free signal
+  (``--specexit-signal-source draft-confidence``): its values come from every draft-extend row, the
+  state runs lagged and steps are cut short before boundaries (``truncated_steps`` is printed),
+  so its ratio includes the extra steps those cuts cost.
 
 Run:
 
     OMP_NUM_THREADS=1 python bench/specexit_step_cost.py [--calls 200] [--engine [--no-state]] [--repeats 3]
-        [--json bench/out/specexit_step_cost.json]
+        [--signal-sources head[,draft-confidence]] [--json bench/out/specexit_step_cost.json]
 
 ``--engine --no-state`` runs only the engine comparison, e.g. with a checkout of an earlier version
 of the package first on ``PYTHONPATH`` (the engine part uses nothing this version added).
@@ -33,7 +37,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence
 
 import torch
 
@@ -107,7 +111,12 @@ def bench_state(calls: int) -> List[Dict[str, float]]:
     return rows
 
 
-def bench_engine(repeats: int, bs: int = 64, max_new: int = 128) -> Dict[str, object]:
+SOURCE_FLAGS = {"head": {}, "draft-confidence": {"specexit_signal_source": "draft-confidence",
+                                                  "specexit_method": "confidence"}}
+
+
+def bench_engine(repeats: int, bs: int = 64, max_new: int = 128,
+                 sources: Sequence[str] = ("head",)) -> Dict[str, object]:
     from sglang_ext.testbed.evaluate import _prepare_environment
 
     _prepare_environment()  # the CPU testbed's import stand-ins (no-op with CUDA)
@@ -121,32 +130,45 @@ def bench_engine(repeats: int, bs: int = 64, max_new: int = 128) -> Dict[str, ob
                   speculative_draft_model_path=os.path.join(MODELS, "draft"), speculative_num_steps=3,
                   speculative_eagle_topk=1, speculative_num_draft_tokens=4, max_total_tokens=65536,
                   max_running_requests=bs, log_level="warning")
-    engines = {"specexit": make_engine(os.path.join(MODELS, "target"), specexit=True, **common),
-               "plain": make_engine(os.path.join(MODELS, "target"), **common)}
+    names = ["specexit" if s == "head" else f"specexit {s}" for s in sources]
+    engines = {name: make_engine(os.path.join(MODELS, "target"), specexit=True, **SOURCE_FLAGS[s], **common)
+               for name, s in zip(names, sources)}
+    engines["plain"] = make_engine(os.path.join(MODELS, "target"), **common)
     walls: Dict[str, List[float]] = {name: [] for name in engines}
     outputs: Dict[str, List[List[int]]] = {}
+    truncated: Dict[str, int] = {}
     try:
         for name, eng in engines.items():  # warm-up
             eng.generate(input_ids=prompts, sampling_params=dict(params, max_new_tokens=8, custom_params=None))
         order = []
         for r in range(repeats):
-            order += ["specexit", "plain"] if r % 2 == 0 else ["plain", "specexit"]
+            order += names + ["plain"] if r % 2 == 0 else ["plain"] + names[::-1]
         for name in order:
-            custom = NEVER if name == "specexit" else None
+            custom = None if name == "plain" else NEVER
             t0 = time.perf_counter()
             outs = engines[name].generate(input_ids=prompts, sampling_params=dict(params, custom_params=custom))
             walls[name].append(time.perf_counter() - t0)
             outputs.setdefault(name, [o["output_ids"] for o in outs])
-            print(f"engine {name:9s} {walls[name][-1]:6.2f} s", flush=True)
+            print(f"engine {name:26s} {walls[name][-1]:6.2f} s", flush=True)
+        for name in names:
+            info = engines[name].get_server_info()["internal_states"][0]["specexit"]
+            if "truncated_steps" in info:
+                truncated[name] = int(info["truncated_steps"])
     finally:
         for eng in engines.values():
             eng.shutdown()
-    same = outputs["specexit"] == outputs["plain"]
-    paired = [s / p for s, p in zip(walls["specexit"], walls["plain"])]
-    result = {"bs": bs, "max_new_tokens": max_new, "walls_s": walls, "paired_ratios": paired,
-              "median_ratio": statistics.median(paired), "identical_outputs": same}
-    print(f"engine bs {bs}: SpecExit step / plain EAGLE3 step (wall, paired) {statistics.median(paired):.3f} "
-          f"({', '.join(f'{x:.3f}' for x in paired)}); outputs identical: {same}", flush=True)
+    result: Dict[str, object] = {"bs": bs, "max_new_tokens": max_new, "walls_s": walls}
+    for name in names:
+        same = outputs[name] == outputs["plain"]
+        paired = [s / p for s, p in zip(walls[name], walls["plain"])]
+        key = "" if name == "specexit" else "_" + name.split(" ", 1)[1].replace("-", "_")
+        result.update({f"paired_ratios{key}": paired, f"median_ratio{key}": statistics.median(paired),
+                       f"identical_outputs{key}": same})
+        extra = f"; truncated steps {truncated[name]}" if name in truncated else ""
+        if name in truncated:
+            result[f"truncated_steps{key}"] = truncated[name]
+        print(f"engine bs {bs}: {name} step / plain EAGLE3 step (wall, paired) {statistics.median(paired):.3f} "
+              f"({', '.join(f'{x:.3f}' for x in paired)}); outputs identical: {same}{extra}", flush=True)
     return result
 
 
@@ -156,12 +178,18 @@ def main() -> Dict[str, object]:
     ap.add_argument("--engine", action="store_true", help="also the engine comparison (two engine launches)")
     ap.add_argument("--no-state", action="store_true", help="skip the pure state timing")
     ap.add_argument("--repeats", type=int, default=3, help="engine passes per variant, alternating")
+    ap.add_argument("--signal-sources", default="head",
+                    help="comma-separated SpecExit signal sources of the engine comparison (head, draft-confidence)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     result: Dict[str, object] = {} if args.no_state else {"state": bench_state(args.calls)}
     if args.engine:
-        result["engine"] = bench_engine(args.repeats)
+        sources = [s.strip() for s in args.signal_sources.split(",") if s.strip()]
+        unknown = [s for s in sources if s not in SOURCE_FLAGS]
+        if unknown or not sources:
+            ap.error(f"--signal-sources: unknown {unknown or sources}; choose from {', '.join(SOURCE_FLAGS)}")
+        result["engine"] = bench_engine(args.repeats, sources=sources)
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

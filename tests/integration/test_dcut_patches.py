@@ -53,6 +53,12 @@ def test_eagle_draft_worker_targets():
     from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
 
     assert _params(EAGLEDraftExtendCudaGraphRunner.execute) == ["self", "forward_batch", "select_index"]
+    # SpecExit's per-token draft-confidence: every extend row before the selection, the eager path
+    # when the graph (which selects before the LM head) says it cannot run, and the prefill's last row
+    assert _params(EAGLEDraftExtendCudaGraphRunner.can_run_graph) == ["self", "forward_batch"]
+    assert "can_run_graph(forward_batch)" in ext and "next_token_logits[select_index]" in ext
+    pre = inspect.getsource(EagleDraftWorker._draft_extend_for_prefill)
+    assert "self.draft_runner.forward(" in pre and "next_token_logits" in pre
 
 
 def test_reclass_keeps_sglang_methods():

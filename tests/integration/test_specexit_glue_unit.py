@@ -1,4 +1,5 @@
-"""SpecExit glue without an engine: the verify-result cut, logprob fix, reports, hooks, launch checks.
+"""SpecExit glue without an engine: the verify-result cut and truncation, the draft-confidence rows kept by position,
+logprob fix, reports, hooks, launch checks.
 
 Expected values come from docs/sglang_internals.md#the-specexit-cut (worked example and the two special
 cases) and from hand computation, never from the code under test.
@@ -320,3 +321,63 @@ def test_frontend_endpoint_adds_custom_params_to_generation_requests():
     assert "custom_params" not in prefill["sampling_params"]
     with pytest.raises(ValueError, match="specexit_window"):
         specexit_custom_params({"window": 0})
+
+
+# --- draft-confidence per token: truncation edit, the draft-extend rows kept by position -----------
+
+
+def test_truncation_keeps_the_tokens_and_makes_the_next_accepted_draft_the_bonus():
+    # Worked example, request 0 ends after r_1 (keep 1): r_2 = 12 becomes its bonus (the next root);
+    # request 1 is untouched. No token changes anywhere.
+    from sglang_ext.engine.specexit.cut import apply_truncation
+
+    ex = _worked_example()
+    ids_before = ex["next_token_ids"].clone()
+    prepared = (torch.tensor([3, 2]), torch.tensor([3, 6]), ex["next_token_ids"].clone())
+    new = apply_truncation(ex["next_token_ids"], ex["accept_lens"], ex["new_seq_lens"], ex["bonus_tokens"],
+                           torch.tensor([True, False]), torch.tensor([1, 2]), N, accept_index=ex["accept_index"],
+                           prepared_draft_extend_inputs=prepared)
+    assert torch.equal(ex["next_token_ids"], ids_before) and torch.equal(prepared[2], ids_before)
+    assert new.tolist() == [2, 3] and ex["accept_lens"].tolist() == [2, 3]
+    assert ex["new_seq_lens"].tolist() == [12, 23] and ex["bonus_tokens"].tolist() == [12, 77]
+    assert ex["accept_index"].tolist() == [[0, 1, -1, -1], [4, 5, 6, -1]]
+    assert prepared[0].tolist() == [1, 2] and prepared[1].tolist() == [1, 6]
+
+
+def _dc_runner(max_slots=4):
+    from sglang_ext.engine.specexit.runner import SpecExitRunner
+
+    runner = SpecExitRunner.__new__(SpecExitRunner)
+    runner.source = "draft-confidence"
+    runner.boundary_ids, runner.stop_think_id = (7,), STOP
+    runner.state, runner.ring = None, None
+    runner.missing = torch.zeros((), dtype=torch.int64)
+    runner.truncations = torch.zeros((), dtype=torch.int64)
+    runner._worker = SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(
+        req_to_token=torch.zeros((max_slots, 64), dtype=torch.int32)))
+    return runner
+
+
+def test_draft_extend_rows_are_kept_as_the_value_of_the_position_two_after():
+    # Two requests in slots 3 and 1, extend windows of 3 rows from positions 10 and 20. Row logits
+    # [ln 3, 0] have max-softmax 0.75, [0, 0] 0.5; row i of slot 3 is the value of position 12 + i.
+    runner = _dc_runner()
+    logits = torch.tensor([[math.log(3.0), 0.0], [0.0, 0.0], [0.0, 0.0],
+                           [0.0, 0.0], [math.log(3.0), 0.0], [0.0, 0.0]])
+    fb = SimpleNamespace(positions=torch.tensor([10, 11, 12, 20, 21, 22]), extend_seq_lens=torch.tensor([3, 3]),
+                         req_pool_indices=torch.tensor([3, 1]))
+    runner._extend_rows(fb, logits)
+    values, held = runner.ring.read(torch.tensor([3, 1]), torch.tensor([[12, 13, 14, 15], [22, 23, 24, 12]]))
+    assert held.tolist() == [[True, True, True, False], [True, True, True, False]]
+    assert torch.allclose(values[:, :3], torch.tensor([[0.75, 0.5, 0.5], [0.5, 0.75, 0.5]]), atol=1e-6)
+    # a prefill (prompt length 30 in slot 3) forgets the slot, leaves position 30 held without a value
+    # and keeps its last row as the value of position 31
+    runner._prefill_rows(SimpleNamespace(seq_lens=torch.tensor([30]), req_pool_indices=torch.tensor([3])),
+                         torch.tensor([[math.log(3.0), 0.0]]))
+    values, held = runner.ring.read(torch.tensor([3]), torch.tensor([[12, 30, 31]]))
+    assert held.tolist() == [[False, True, True]] and math.isnan(values[0, 1])
+    assert values[0, 2].item() == pytest.approx(0.75, abs=1e-6)
+    # rows that do not match their positions are not kept (warned once)
+    runner._extend_rows(SimpleNamespace(positions=torch.tensor([40]), extend_seq_lens=torch.tensor([2]),
+                                        req_pool_indices=torch.tensor([2])), logits[:2])
+    assert not runner.ring.read(torch.tensor([2]), torch.tensor([[42]]))[1].any()

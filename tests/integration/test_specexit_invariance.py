@@ -15,11 +15,17 @@ apart. Every run must give the reference's output ids token for token, and the r
 exit early on most problems (otherwise the comparison proves nothing). With the per-step exit rule
 of earlier versions tiers 0.5 and ``auto`` agreed on 0 of 40 problems.
 
+A second engine runs the same comparison with the training-free signal (``--specexit-signal-source
+draft-confidence``, threshold 0.98): every value a decision read was there (``missing_signals`` 0) and
+steps were cut short before undecidable boundaries (``truncated_steps`` > 0). With one value per
+accepted draft (earlier versions) tier 0.25 and ``auto`` agreed on 0 of 40 problems.
+
 Slow tier: a TP 2 engine (two ranks, ``SGLANG_CPU_OMP_THREADS_BIND="0|1"``) gives the same 40 outputs as
-the TP 1 engine, under ``auto`` and a forced tier 0.5 (TP 2 sums its all-reduce in another order than TP 1).
+the TP 1 engine, under ``auto`` and a forced tier 0.5 (TP 2 sums its all-reduce in another order than TP 1),
+for each signal source.
 
 Budget: CI tier ~2.5 min on the shared 2-core host (two engine starts, sixteen 40-problem runs); slow tier
-~1.5 min more (one TP 2 engine start, three 40-problem runs).
+~3 min more (two TP 2 engine starts, six 40-problem runs).
 """
 
 from __future__ import annotations
@@ -213,5 +219,32 @@ def test_tp2_gives_the_same_outputs_as_tp1(engine, prompts, tmp_path):
             bad = [i for i, o in enumerate(outs) if o["output_ids"] != ref_ids[i]]
             print(f"{name}: {N - len(bad)}/{N} identical to TP 1")
             assert not bad, f"{name}: {len(bad)} of {N} outputs differ from TP 1 (first: problem {bad[0]})"
+    finally:
+        tp2.shutdown()
+
+
+@pytest.mark.slow
+def test_tp2_draft_confidence_gives_the_same_outputs_as_tp1(dc_engine, prompts, tmp_path):
+    # The draft-confidence values are computed on every rank from the draft's gathered logits; the
+    # lagged decisions and the steps cut short must agree between the ranks and with TP 1.
+    from sglang_ext.engine.dcut.client import set_force_ratio
+
+    ref, _ = _run(dc_engine, prompts, DRAFT_CONFIDENCE, CONFIGURED, 0, N)
+    ref_ids = [o["output_ids"] for o in ref]
+    assert sum(bool(o["meta_info"]["specexit_exited"]) for o in ref) >= 0.75 * N
+    os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = "0|1"
+    try:
+        tp2 = _draft_confidence_engine(tmp_path, tp_size=2)
+    finally:
+        os.environ.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
+    try:
+        for name, ratio in (("TP 2, auto", CONFIGURED), ("TP 2, tier 0.5", 0.5)):
+            assert set_force_ratio(tp2, ratio)
+            outs = tp2.generate(input_ids=prompts, sampling_params=dict(GREEDY, custom_params=DRAFT_CONFIDENCE))
+            bad = [i for i, o in enumerate(outs) if o["output_ids"] != ref_ids[i]]
+            print(f"draft-confidence {name}: {N - len(bad)}/{N} identical to TP 1")
+            assert not bad, f"{name}: {len(bad)} of {N} outputs differ from TP 1 (first: problem {bad[0]})"
+        info = _specexit_info(tp2)
+        assert info["missing_signals"] == 0 and info["truncated_steps"] > 0, info
     finally:
         tp2.shutdown()
