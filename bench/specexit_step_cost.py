@@ -15,7 +15,8 @@ Two measurements, printed side by side:
   path (signals of every committed token, the state step) but never exits (confidence threshold
   1.0), so both engines emit the same tokens and the wall-time ratio is the cost of a SpecExit
   step. Passes alternate A B B A ... (``--repeats``), so the drift of a shared host cancels out.
-  ``--signal-sources head,draft-confidence`` adds a third engine with the training-free signal
+  ``--signal-sources head,draft-confidence`` repeats the comparison (two fresh engines each, one
+  source after the other: a third idle engine would share the host) with the training-free signal
   (``--specexit-signal-source draft-confidence``): its values come from every draft-extend row, the
   state runs lagged and steps are cut short before boundaries (``truncated_steps`` is printed),
   so its ratio includes the extra steps those cuts cost.
@@ -117,6 +118,16 @@ SOURCE_FLAGS = {"head": {}, "draft-confidence": {"specexit_signal_source": "draf
 
 def bench_engine(repeats: int, bs: int = 64, max_new: int = 128,
                  sources: Sequence[str] = ("head",)) -> Dict[str, object]:
+    """One paired comparison per signal source (keys suffixed with the source after the first)."""
+    result: Dict[str, object] = {}
+    for source in sources:
+        part = _bench_engine_pair(repeats, bs, max_new, source)
+        key = "" if source == "head" else "_" + source.replace("-", "_")
+        result.update({k if k in ("bs", "max_new_tokens") else k + key: v for k, v in part.items()})
+    return result
+
+
+def _bench_engine_pair(repeats: int, bs: int, max_new: int, source: str) -> Dict[str, object]:
     from sglang_ext.testbed.evaluate import _prepare_environment
 
     _prepare_environment()  # the CPU testbed's import stand-ins (no-op with CUDA)
@@ -130,10 +141,9 @@ def bench_engine(repeats: int, bs: int = 64, max_new: int = 128,
                   speculative_draft_model_path=os.path.join(MODELS, "draft"), speculative_num_steps=3,
                   speculative_eagle_topk=1, speculative_num_draft_tokens=4, max_total_tokens=65536,
                   max_running_requests=bs, log_level="warning")
-    names = ["specexit" if s == "head" else f"specexit {s}" for s in sources]
-    engines = {name: make_engine(os.path.join(MODELS, "target"), specexit=True, **SOURCE_FLAGS[s], **common)
-               for name, s in zip(names, sources)}
-    engines["plain"] = make_engine(os.path.join(MODELS, "target"), **common)
+    names = ["specexit" if source == "head" else f"specexit {source}"]
+    engines = {names[0]: make_engine(os.path.join(MODELS, "target"), specexit=True, **SOURCE_FLAGS[source], **common),
+               "plain": make_engine(os.path.join(MODELS, "target"), **common)}
     walls: Dict[str, List[float]] = {name: [] for name in engines}
     outputs: Dict[str, List[List[int]]] = {}
     truncated: Dict[str, int] = {}
@@ -157,18 +167,17 @@ def bench_engine(repeats: int, bs: int = 64, max_new: int = 128,
     finally:
         for eng in engines.values():
             eng.shutdown()
-    result: Dict[str, object] = {"bs": bs, "max_new_tokens": max_new, "walls_s": walls}
-    for name in names:
-        same = outputs[name] == outputs["plain"]
-        paired = [s / p for s, p in zip(walls[name], walls["plain"])]
-        key = "" if name == "specexit" else "_" + name.split(" ", 1)[1].replace("-", "_")
-        result.update({f"paired_ratios{key}": paired, f"median_ratio{key}": statistics.median(paired),
-                       f"identical_outputs{key}": same})
-        extra = f"; truncated steps {truncated[name]}" if name in truncated else ""
-        if name in truncated:
-            result[f"truncated_steps{key}"] = truncated[name]
-        print(f"engine bs {bs}: {name} step / plain EAGLE3 step (wall, paired) {statistics.median(paired):.3f} "
-              f"({', '.join(f'{x:.3f}' for x in paired)}); outputs identical: {same}{extra}", flush=True)
+    name = names[0]
+    same = outputs[name] == outputs["plain"]
+    paired = [s / p for s, p in zip(walls[name], walls["plain"])]
+    result: Dict[str, object] = {"bs": bs, "max_new_tokens": max_new, "walls_s": walls, "paired_ratios": paired,
+                                 "median_ratio": statistics.median(paired), "identical_outputs": same}
+    extra = ""
+    if name in truncated:
+        result["truncated_steps"] = truncated[name]
+        extra = f"; truncated steps {truncated[name]}"
+    print(f"engine bs {bs}: {name} step / plain EAGLE3 step (wall, paired) {statistics.median(paired):.3f} "
+          f"({', '.join(f'{x:.3f}' for x in paired)}); outputs identical: {same}{extra}", flush=True)
     return result
 
 

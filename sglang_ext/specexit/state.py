@@ -43,7 +43,11 @@ from sglang_ext.specexit.criterion import (
 from sglang_ext.specexit.defaults import MAX_WINDOW
 from sglang_ext.specexit.overrides import SpecExitOptions
 from sglang_ext.specexit.signals import NUM_SIGNALS
-from sglang_ext.specexit.smoothing import IndexLike, SmootherState, as_slot_index
+from sglang_ext.specexit.smoothing import IndexLike, SmootherState, SmoothingKind, as_slot_index
+
+BEST_OBSERVATION = (1.0, 1.0, 0.0)
+"""The most favourable value of an unknown observation per signal column (confidence, progress,
+remain): the first two pass when high and are probabilities, remain passes when low and is >= 0."""
 
 
 @dataclass
@@ -279,16 +283,27 @@ class SpecExitState:
         accepted_ids: torch.Tensor,  # [batch_size, max_drafts], PAD_TOKEN after the a drafts
         bonus_ids: torch.Tensor,  # [batch_size]
         known_columns: int,
+        observations: Optional[torch.Tensor] = None,  # [batch_size, max_drafts + 1, NUM_SIGNALS]
+        backlog_observations: Optional[torch.Tensor] = None,  # [batch_size, backlog_width, NUM_SIGNALS]
     ) -> Tuple[torch.Tensor, torch.Tensor]:  # ([batch_size] bool, [batch_size] int64)
         """Where a step must end early because a signal exit could need an observation not known yet.
 
         With observations known only for the columns ``j < known_columns`` of a run (the lagged
         mode of :meth:`step`), a signal exit is possible only there. A step whose run holds an
-        examined boundary ``r_j`` with ``j >= known_columns`` and ``n_j >= min_think_tokens`` (a
-        boundary at which the signal rule could fire) is cut short before it: it keeps ``j - 1``
-        drafts and ``r_j`` becomes its bonus, so ``r_j`` is the next step's root (column 0),
-        decided once its observation is known. The committed tokens are the same; only where one
-        step ends and the next begins moves.
+        examined boundary ``r_j`` with ``j >= known_columns`` and ``n_j >= min_think_tokens`` at
+        which the signal rule could fire is cut short before it: it keeps ``j - 1`` drafts and
+        ``r_j`` becomes its bonus, so ``r_j`` is the next step's root (column 0), decided once its
+        observation is known. The committed tokens are the same; only where one step ends and the
+        next begins moves.
+
+        "Could fire": given the known ``observations`` (and the owed ``backlog_observations``
+        :meth:`step` would push first), the rule is tested on scores smoothed as if every unknown
+        observation took its most favourable value (:data:`BEST_OBSERVATION`: confidence and
+        progress 1, remain 0; the ``draft-confidence`` values are probabilities, at most 1). The
+        ``ewma``, ``mean`` and ``paragraph_mean`` scores are monotone in every observation, so a
+        boundary that fails this test fails for every value the unknowns can take and needs no
+        cut; ``momentum`` (not monotone: it subtracts an older value) and calls without
+        ``observations`` cut at every such boundary.
 
         Returns
         -------
@@ -313,10 +328,23 @@ class SpecExitState:
         accepted = accepted_ids.to(device=device, dtype=torch.int64)
         run, valid = step_run(root_ids.to(device), accepted)  # [batch_size, max_drafts + 1]
         examined, _ = examined_positions(self.thinking[index], run, valid, bonus_ids, self.stop_think_id)
+        boundary = torch.isin(run, self.boundary_ids) & examined
         position = torch.arange(run.shape[1], device=device)  # j
         length = self.think_tokens[index][:, None] + position  # n_j
-        firing = (torch.isin(run, self.boundary_ids) & examined & (length >= self.min_think_tokens[index][:, None])
-                  & (position >= max(int(known_columns), 1)))
+        firing = boundary & (length >= self.min_think_tokens[index][:, None]) & (position >= max(int(known_columns), 1))
+        if observations is not None:
+            best = torch.tensor(BEST_OBSERVATION, dtype=observations.dtype, device=device)
+            optimistic = torch.where(torch.isfinite(observations.to(device)), observations.to(device), best)
+            owed = None
+            if backlog_observations is not None:
+                owed = backlog_observations.to(device=device, dtype=observations.dtype)
+                owed = torch.where(torch.isfinite(owed), owed, best)
+            view = self.smoother.view(index)  # a copy: nothing is stored
+            values, defined = self._run_with_backlog(view, index, optimistic, examined, boundary, owed)
+            could = signal_test(values, defined, self.active_signals[index][:, None, :],
+                                self.thresholds[index][:, None, :])  # [batch_size, width]
+            momentum = self.smoother.kind[index] == int(SmoothingKind.MOMENTUM)  # [batch_size]
+            firing &= could | momentum[:, None]
         beyond = run.shape[1]
         first = torch.where(firing, position, beyond).min(dim=1).values  # [batch_size]
         truncate = first < beyond
@@ -363,6 +391,38 @@ class SpecExitState:
             examined[:, :old] = self.backlog_examined
             cut[:, :old] = self.backlog_cut
         self.backlog_examined, self.backlog_cut = examined, cut
+
+    def _run_with_backlog(
+        self,
+        view,  # SlotView of index
+        index: torch.Tensor,  # [batch_size]
+        observations: torch.Tensor,  # [batch_size, width, NUM_SIGNALS]
+        examined: torch.Tensor,  # [batch_size, width] bool, the run's columns to push
+        cut: torch.Tensor,  # [batch_size, width] bool
+        backlog_observations: Optional[torch.Tensor],  # [batch_size, <= backlog_width, NUM_SIGNALS]
+    ) -> Tuple[torch.Tensor, torch.Tensor]:  # ([batch_size, width, NUM_SIGNALS], same)
+        """``view.run_tokens`` over the slots' owed backlog, then the run; scores of the run's columns."""
+        device = self.thinking.device
+        if self.backlog_len is None:
+            return view.run_tokens(observations, examined, cut)
+        owed = self.backlog_examined.shape[1]
+        column = torch.arange(owed, device=device)[None, :]
+        owed_examined = self.backlog_examined[index] & (column < self.backlog_len[index][:, None])
+        owed_cut = self.backlog_cut[index] & owed_examined
+        if backlog_observations is None:
+            backlog_observations = torch.full((index.numel(), owed, NUM_SIGNALS), float("nan"), device=device)
+        given = backlog_observations.shape[1]
+        if backlog_observations.shape[0] != index.numel() or given > owed:
+            raise ValueError(f"backlog_observations must be [batch_size, backlog_width, NUM_SIGNALS] = "
+                             f"[{index.numel()}, {owed}, {NUM_SIGNALS}], got {list(backlog_observations.shape)}")
+        if given < owed:  # positions read before this step widened the backlog: nothing owed there
+            backlog_observations = torch.nn.functional.pad(backlog_observations, (0, 0, 0, owed - given),
+                                                           value=float("nan"))
+        values, defined = view.run_tokens(
+            torch.cat([backlog_observations.to(device=device, dtype=observations.dtype), observations], dim=1),
+            torch.cat([owed_examined, examined], dim=1),
+            torch.cat([owed_cut, cut], dim=1))
+        return values[:, owed:], defined[:, owed:]
 
     def step(
         self,
@@ -433,25 +493,8 @@ class SpecExitState:
         else:
             known = torch.arange(width, device=device)[None, :] < int(known_columns)  # [1, width]
             self._ensure_backlog(width - int(known_columns))
-            owed = self.backlog_examined.shape[1]
-            column = torch.arange(owed, device=device)[None, :]
-            owed_examined = self.backlog_examined[index] & (column < self.backlog_len[index][:, None])
-            owed_cut = self.backlog_cut[index] & owed_examined
-            if backlog_observations is None:
-                backlog_observations = torch.full((index.numel(), owed, NUM_SIGNALS), float("nan"), device=device)
-            given = backlog_observations.shape[1]
-            if backlog_observations.shape[0] != index.numel() or given > owed:
-                raise ValueError(f"backlog_observations must be [batch_size, backlog_width, NUM_SIGNALS] = "
-                                 f"[{index.numel()}, {owed}, {NUM_SIGNALS}], got {list(backlog_observations.shape)}")
-            if given < owed:  # positions read before this step widened the backlog: nothing owed there
-                backlog_observations = torch.nn.functional.pad(backlog_observations, (0, 0, 0, owed - given),
-                                                               value=float("nan"))
-            values, defined = view.run_tokens(
-                torch.cat([backlog_observations.to(device=device, dtype=observations.dtype),
-                           observations.to(device)], dim=1),
-                torch.cat([owed_examined, examined & known], dim=1),
-                torch.cat([owed_cut, boundary & known], dim=1))
-            values, defined = values[:, owed:], defined[:, owed:]  # [batch_size, width, S]
+            values, defined = self._run_with_backlog(view, index, observations.to(device), examined & known,
+                                                     boundary & known, backlog_observations)
         self.smoother.store(index, view)
         passes = signal_test(values, defined, active[:, None, :], thresholds[:, None, :])  # [batch_size, width]
         passes = passes & known

@@ -544,12 +544,13 @@ def test_the_exit_token_does_not_depend_on_how_tokens_are_split_into_steps():
 KNOWN = 2  # the draft-confidence source knows the observations of r_0 and r_1 at the decision
 
 
-def run_chunked_lagged(streams, options, rng, widths):
+def run_chunked_lagged(streams, options, rng, widths, bound=True):
     """As :func:`run_chunked`, but a token's observation is known only once the step whose root
     precedes it by at most one position has come (the draft extend computes it after the verify):
     each step calls ``truncation`` first and cuts the run there, passes the observations of r_0 and
-    r_1 only, and the owed ones of earlier tokens through ``backlog_positions``. Returns the outcomes
-    and how many steps were cut short."""
+    r_1 only, and the owed ones of earlier tokens through ``backlog_positions``. With ``bound`` the
+    truncation sees the known observations (cuts only where the rule could fire); without, it cuts at
+    every boundary it cannot decide. Returns the outcomes and how many steps were cut short."""
     n = len(streams)
     state = SpecExitState.allocate(n, BOUNDARY, STOP, max_window=16, dtype=torch.float32)
     state.reset(list(range(n)), options, think_tokens=1)
@@ -573,21 +574,23 @@ def run_chunked_lagged(streams, options, rng, widths):
             bonus.append(tokens[pos[i] + 1 + a])
         slots = torch.tensor(batch)
         acc = torch.tensor(accepted, dtype=torch.int64).view(len(batch), width)
-        cut, keep = state.truncation(slots, torch.tensor(roots), acc, torch.tensor(bonus), KNOWN)
-        truncated += int(cut.sum())
         obs, owed = [], []
         positions = state.backlog_positions(slots, torch.tensor([pos[i] for i in batch]))
         for k, i in enumerate(batch):
             tokens, sig = streams[i]
+            obs.append([sig[pos[i] + c] if c < KNOWN else signals() for c in range(width + 1)])
+            owed.append([sig[p] if p >= 0 else signals() for p in positions[k].tolist()])
+        obs_t = torch.tensor(obs, dtype=torch.float32)
+        owed_t = torch.tensor(owed, dtype=torch.float32).view(len(batch), positions.shape[1], 3)
+        seen = dict(observations=obs_t, backlog_observations=owed_t) if bound else {}
+        cut, keep = state.truncation(slots, torch.tensor(roots), acc, torch.tensor(bonus), KNOWN, **seen)
+        truncated += int(cut.sum())
+        for k, i in enumerate(batch):
             if bool(cut[k]):
                 j = int(keep[k]) + 1  # r_j becomes the bonus
                 acc[k, j - 1 :] = PAD_TOKEN
-                bonus[k] = tokens[pos[i] + j]
-            known = [sig[pos[i] + c] if c < KNOWN else signals() for c in range(width + 1)]
-            obs.append(known)
-            owed.append([sig[p] if p >= 0 else signals() for p in positions[k].tolist()])
-        owed_t = torch.tensor(owed, dtype=torch.float32).view(len(batch), positions.shape[1], 3)
-        d = state.step(slots, torch.tensor(roots), acc, torch.tensor(bonus), torch.tensor(obs, dtype=torch.float32),
+                bonus[k] = streams[i][0][pos[i] + j]
+        d = state.step(slots, torch.tensor(roots), acc, torch.tensor(bonus), obs_t,
                        known_columns=KNOWN, backlog_observations=owed_t)
         for k, i in enumerate(batch):
             if bool(d.exit[k]):
@@ -612,8 +615,11 @@ def test_lagged_observations_give_the_exit_of_one_token_per_step():
     for seed, widths in ((1, [3]), (2, [7]), (3, [0, 1, 3]), (4, [0, 0, 0, 15]), (5, [1, 2, 4, 8])):
         lagged, truncated = run_chunked_lagged(streams, options, random.Random(seed), widths)
         assert lagged == one_token, widths
+        every, truncated_every = run_chunked_lagged(streams, options, random.Random(seed), widths, bound=False)
+        assert every == one_token, widths
         if max(widths) >= 3:
-            assert truncated > 0, widths
+            # the bound cuts only where the rule could fire: fewer cuts, none where none is needed
+            assert 0 < truncated < truncated_every, (widths, truncated, truncated_every)
     kinds = [o[1] for o in one_token]
     assert kinds.count(ExitReason.SIGNALS) >= 30 and kinds.count(ExitReason.MAX_THINK) >= 5, kinds
 
@@ -628,8 +634,8 @@ def test_lagged_steps_without_truncation_would_exit_elsewhere():
     one_token = run_chunked(streams, options, random.Random(0), widths=[0])
     original = SpecExitState.truncation
     try:
-        SpecExitState.truncation = lambda self, s, r, a, b, k: (torch.zeros(len(s), dtype=torch.bool),
-                                                                 (a != PAD_TOKEN).sum(dim=1))
+        SpecExitState.truncation = lambda self, s, r, a, b, k, **kw: (torch.zeros(len(s), dtype=torch.bool),
+                                                                      (a != PAD_TOKEN).sum(dim=1))
         lagged, truncated = run_chunked_lagged(streams, options, random.Random(2), [7])
     finally:
         SpecExitState.truncation = original

@@ -35,8 +35,8 @@ draft extend (``DraftCapture.extend_rows_sink``), kept per slot and position in 
 :class:`~sglang_ext.specexit.observation_ring.ObservationRing` until read. At a verify the values
 of ``r_0`` and ``r_1`` are known, those of ``r_2..`` only after this step's extend, so the state
 runs lagged (``SpecExitState.step(known_columns=2)``: the later ones are pushed first thing next
-step) and a step whose ``r_j`` (``j >= 2``) is a boundary the rule could fire at is cut short
-before it (``SpecExitState.truncation``, :func:`~sglang_ext.engine.specexit.cut.apply_truncation`):
+step) and a step whose ``r_j`` (``j >= 2``) is a boundary the rule could fire at (tested with every
+unknown value at its most favourable) is cut short before it (``SpecExitState.truncation``, :func:`~sglang_ext.engine.specexit.cut.apply_truncation`):
 the same tokens, committed over one more step. Draft-off steps run their draft extend (no
 deferral) while this source is on, so every value exists by the time it is read.
 
@@ -428,7 +428,9 @@ class SpecExitRunner:
         remain_before = state.scores(slots)[0][:, int(Signal.REMAIN)]  # [bs], NaN where undefined
         truncated = None
         if self.lagged:
-            truncated, keep = state.truncation(slots, roots, accepted, bonus, KNOWN_COLUMNS)
+            signals, owed = self.lagged_signals(batch, slots, accepted)
+            truncated, keep = state.truncation(slots, roots, accepted, bonus, KNOWN_COLUMNS, observations=signals,
+                                               backlog_observations=owed)
             self.truncations += truncated.sum()
             apply_truncation(result.next_token_ids, result.accept_lens, result.new_seq_lens,
                              result.next_draft_input.bonus_tokens, truncated, keep, num_draft,
@@ -436,7 +438,6 @@ class SpecExitRunner:
                              prepared_draft_extend_inputs=result.prepared_draft_extend_inputs)
             accepted, bonus = split_emitted_run(result.next_token_ids, result.accept_lens, num_draft)
             accepted = accepted[:, : self.max_accepted(worker, num_draft)]
-            signals, owed = self.lagged_signals(batch, slots, accepted)
             decision = state.step(slots, roots, accepted, bonus, signals, known_columns=KNOWN_COLUMNS,
                                   backlog_observations=owed)
         else:
