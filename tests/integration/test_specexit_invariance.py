@@ -120,23 +120,30 @@ RUNS = (
 )
 
 
-@pytest.mark.parametrize("custom", [TUNED, DEFAULTS], ids=["tuned", "defaults"])
-def test_same_output_under_every_dcut_setting_load_and_draft_off_pattern(engine, prompts, custom):
-    ref, _ = _run(engine, prompts, custom, FULL, 0, N)
+def _compare_with_reference(eng, prompts, custom, label=""):
+    """The reference (full verification, all in one batch), then every run of ``RUNS`` against it;
+    returns the reference outputs and the runs whose outputs differ."""
+    ref, _ = _run(eng, prompts, custom, FULL, 0, N)
     ref_ids = [o["output_ids"] for o in ref]
     exited = sum(bool(o["meta_info"]["specexit_exited"]) for o in ref)
     assert exited >= 0.75 * N, f"only {exited} of {N} reference outputs exited early"
     failures = []
     for name, ratio, every, in_flight in RUNS:
-        outs, hist = _run(engine, prompts, custom, ratio, every, in_flight)
+        outs, hist = _run(eng, prompts, custom, ratio, every, in_flight)
         bad = [i for i, o in enumerate(outs) if o["output_ids"] != ref_ids[i]]
-        print(f"{name}: {N - len(bad)}/{N} identical, tiers {hist}")
+        print(f"{label}{name}: {N - len(bad)}/{N} identical, tiers {hist}")
         if bad:
             failures.append(f"{name}: {len(bad)} of {N} outputs differ (first: problem {bad[0]})")
         if ratio in (0.25, 0.5):
             assert hist.get(str(ratio), 0) > 0, (name, hist)  # the forced tier really ran
         if every:
             assert hist.get("draft_off", 0) > 0, (name, hist)
+    return ref_ids, failures
+
+
+@pytest.mark.parametrize("custom", [TUNED, DEFAULTS], ids=["tuned", "defaults"])
+def test_same_output_under_every_dcut_setting_load_and_draft_off_pattern(engine, prompts, custom):
+    _, failures = _compare_with_reference(engine, prompts, custom)
     assert not failures, failures
 
 
@@ -173,21 +180,9 @@ def test_draft_confidence_source_gives_the_same_output_under_every_setting(dc_en
     # a step, steps cut short before a boundary they cannot decide yet): the same runs as above.
     # Before it (one value per accepted draft, from whichever draft depth proposed it) the exit moved
     # with the tier and the load.
-    ref, _ = _run(dc_engine, prompts, DRAFT_CONFIDENCE, FULL, 0, N)
-    ref_ids = [o["output_ids"] for o in ref]
+    ref_ids, failures = _compare_with_reference(dc_engine, prompts, DRAFT_CONFIDENCE, "draft-confidence, ")
     lengths = sorted(len(i) for i in ref_ids)
-    exited = sum(bool(o["meta_info"]["specexit_exited"]) for o in ref)
-    assert exited >= 0.75 * N, f"only {exited} of {N} reference outputs exited early"
     assert lengths[N // 4] < lengths[3 * N // 4], lengths  # exits at different points, not all at the first
-    failures = []
-    for name, ratio, every, in_flight in RUNS:
-        outs, hist = _run(dc_engine, prompts, DRAFT_CONFIDENCE, ratio, every, in_flight)
-        bad = [i for i, o in enumerate(outs) if o["output_ids"] != ref_ids[i]]
-        print(f"draft-confidence, {name}: {N - len(bad)}/{N} identical, tiers {hist}")
-        if bad:
-            failures.append(f"{name}: {len(bad)} of {N} outputs differ (first: problem {bad[0]})")
-        if every:
-            assert hist.get("draft_off", 0) > 0, (name, hist)
     info = _specexit_info(dc_engine)
     assert info["missing_signals"] == 0, info  # every value a decision read was there
     assert info["truncated_steps"] > 0, info  # the cut-short path ran

@@ -482,6 +482,19 @@ def random_stream(rng, length=80):
     return tokens, [random_signals(rng) for _ in tokens]
 
 
+def _advance(d, batch, streams, pos, outcome):
+    """Apply one step's decision to the streams' positions and outcomes."""
+    for k, i in enumerate(batch):
+        if bool(d.exit[k]):
+            outcome[i] = (pos[i] + int(d.keep_drafts[k]), int(d.reason[k]))
+        elif bool(d.natural_end[k]):
+            outcome[i] = (None, "natural")
+        else:
+            pos[i] += int(d.keep_drafts[k]) + 1
+            if pos[i] + 2 >= len(streams[i][0]):
+                outcome[i] = (None, "running")
+
+
 def run_chunked(streams, options, rng, widths):
     """Feed every stream's tokens through one batched state in random steps: each step takes a
     random subset of the unfinished streams (a batch), a random accepted count per stream
@@ -510,15 +523,7 @@ def run_chunked(streams, options, rng, widths):
             obs.append(sig[pos[i] : pos[i] + 1 + a] + [signals()] * (width - a))
         d = state.step(torch.tensor(batch), torch.tensor(roots), torch.tensor(accepted, dtype=torch.int64).view(
             len(batch), width), torch.tensor(bonus), torch.tensor(obs, dtype=torch.float32))
-        for k, i in enumerate(batch):
-            if bool(d.exit[k]):
-                outcome[i] = (pos[i] + int(d.keep_drafts[k]), int(d.reason[k]))
-            elif bool(d.natural_end[k]):
-                outcome[i] = (None, "natural")
-            else:
-                pos[i] += int(d.keep_drafts[k]) + 1
-                if pos[i] + 2 >= len(streams[i][0]):
-                    outcome[i] = (None, "running")
+        _advance(d, batch, streams, pos, outcome)
 
 
 def test_the_exit_token_does_not_depend_on_how_tokens_are_split_into_steps():
@@ -592,15 +597,7 @@ def run_chunked_lagged(streams, options, rng, widths, bound=True):
                 bonus[k] = streams[i][0][pos[i] + j]
         d = state.step(slots, torch.tensor(roots), acc, torch.tensor(bonus), obs_t,
                        known_columns=KNOWN, backlog_observations=owed_t)
-        for k, i in enumerate(batch):
-            if bool(d.exit[k]):
-                outcome[i] = (pos[i] + int(d.keep_drafts[k]), int(d.reason[k]))
-            elif bool(d.natural_end[k]):
-                outcome[i] = (None, "natural")
-            else:
-                pos[i] += int(d.keep_drafts[k]) + 1
-                if pos[i] + 2 >= len(streams[i][0]):
-                    outcome[i] = (None, "running")
+        _advance(d, batch, streams, pos, outcome)
 
 
 def test_lagged_observations_give_the_exit_of_one_token_per_step():

@@ -296,6 +296,13 @@ class SpecExitRunner:
     # ---------------------------------------------------------------- draft-confidence values
     _rows_warned = False
 
+    @staticmethod
+    def _warn_rows(what: str) -> None:
+        if not SpecExitRunner._rows_warned:
+            SpecExitRunner._rows_warned = True
+            logger.warning("--specexit-signal-source draft-confidence: %s; its values are not kept (exits may "
+                           "then come later)", what)
+
     def _extend_rows(self, forward_batch, logits) -> None:
         """``DraftCapture.extend_rows_sink``: every row of a draft extend after a verify.
 
@@ -313,10 +320,7 @@ class SpecExitRunner:
         rows = int(logits.shape[0])
         if (positions is None or lens is None or slots is None or positions.shape[0] != rows
                 or not isinstance(lens, torch.Tensor)):
-            if not SpecExitRunner._rows_warned:
-                SpecExitRunner._rows_warned = True
-                logger.warning("--specexit-signal-source draft-confidence: a draft extend's rows do not match its "
-                               "positions; its values are not kept (exits may then come later)")
+            self._warn_rows("a draft extend's rows do not match its positions")
             return
         self._ensure_state(self._worker)
         row_slot = torch.repeat_interleave(slots.to(torch.int64), lens.to(device=slots.device, dtype=torch.int64),
@@ -339,10 +343,7 @@ class SpecExitRunner:
         seq_lens = getattr(forward_batch, "seq_lens", None)  # [bs]
         slots = getattr(forward_batch, "req_pool_indices", None)  # [bs]
         if seq_lens is None or slots is None or logits is None or logits.shape[0] != slots.shape[0]:
-            if not SpecExitRunner._rows_warned:
-                SpecExitRunner._rows_warned = True
-                logger.warning("--specexit-signal-source draft-confidence: a prefill's draft extend has not one row "
-                               "per request; its values are not kept (exits may then come later)")
+            self._warn_rows("a prefill's draft extend has not one row per request")
             return
         self._ensure_state(self._worker)
         index = slots.to(torch.int64)
