@@ -15,7 +15,8 @@ The SGLang glue (``sglang_ext.engine``) calls these functions and nothing else:
   :func:`compact_tree` (ragged verify inputs), :func:`build_full_mask` (FULL_MASK layout),
   :func:`scatter_to_full` (outputs back to the strided layout);
 * the catch-up draft extend after draft-off steps: :func:`catch_up_layout` (ragged rows in
-  SGLang's uniform window), :func:`row_offsets`;
+  SGLang's uniform window), :func:`row_offsets`; its cost, charged to the off steps that cause
+  it: :class:`~sglang_ext.dcut.switch_cost.CatchUpCost`;
 * online calibration of the survival scores for the tier choice:
   :class:`~sglang_ext.dcut.calibration.PowerCalibration` (``s -> s ** tau``, monotone).
 

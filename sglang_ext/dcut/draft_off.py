@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 from sglang_ext.dcut.cost_table import CostTable
 
@@ -227,6 +227,7 @@ def draft_off_decision(
     cost_table: Optional[CostTable],
     params: DraftOffParams = DraftOffParams(),
     off_observed: Optional[bool] = None,
+    catch_up: Optional[Tuple[float, float]] = None,
 ) -> DraftOffDecision:
     """Decide, *before drafting*, whether step ``t + 1`` drafts or runs draft-off.
 
@@ -235,9 +236,17 @@ def draft_off_decision(
     (:func:`observe_draft_gains`) and the cost table. With ``C_q`` the table's cost of tier ``q``
     and ``C_off`` its draft-off cost at the row of ``bs`` (:meth:`CostTable.lookup`)::
 
-        U_off = bs / C_off          U_draft = max_q bs * (1 + g_q) / C_q
+        U_off = bs / (C_off + X)          U_draft = max_q bs * (1 + g_q) / C_q
 
-    (expected committed tokens per ms). Rules, with ``m = margin`` and ``D = min_dwell``:
+    (expected committed tokens per ms). ``X`` is the switching cost a draft-off step causes
+    besides its own time: with ``catch_up = (fixed, per_row)`` (the fit of
+    :class:`sglang_ext.dcut.switch_cost.CatchUpCost`; None, e.g. without deferral or before a
+    catch-up was measured: ``X = 0``) each off step leaves ``bs`` rows for the catch-up extend
+    and a run of ``R`` off steps pays its fixed part once, ``X = per_row * bs + fixed / R``, with
+    ``R = D`` when deciding whether to switch off (the shortest run) and ``R`` = the current probe
+    interval while off (runs lengthen as probes back off). Switching off thus needs a margin the
+    measured catch-up sets, and staying off gets cheaper as runs lengthen.
+    Rules, with ``m = margin`` and ``D = min_dwell``:
 
     * no estimate yet, or no draft-off costs in the table: draft (state ``dwell`` counts on);
     * drafting: switch off when ``dwell >= D`` and ``U_off > (1 + m) * U_draft``, or at once
@@ -299,12 +308,17 @@ def draft_off_decision(
                                                            explored=False,
                                                            dwell=state.dwell + 1 if state.drafting else 1))
     costs = cost_table.lookup(bs)[1]
-    u_off = bs / off_row[1]
+    interval = int(state.probe_interval) or dwell
+    off_cost = off_row[1]
+    if catch_up is not None:
+        fixed, per_row = catch_up
+        run = dwell if state.drafting else max(interval, dwell)
+        off_cost += max(float(per_row), 0.0) * bs + max(float(fixed), 0.0) / run
+    u_off = bs / off_cost
     u_draft = max(bs * (1.0 + g) / c for g, c in zip(state.gains, costs))
     better_off = u_off > (1.0 + params.margin) * u_draft
     better_draft = u_draft > (1.0 + params.margin) * u_off
     decisive_off = u_off > (1.0 + params.decisive_margin) * u_draft
-    interval = int(state.probe_interval) or dwell
     explore_every = int(state.explore_interval) or dwell
     if state.drafting:
         if state.explore_left > 0:  # inside an exploration burst: off, drafting stays the choice
@@ -330,7 +344,7 @@ def draft_off_decision(
         longer = min(2 * interval, int(params.max_probe_interval))  # >= min_dwell (checked)
         return DraftOffDecision(True, dataclasses.replace(state, dwell=1, probed=False, probe_interval=longer),
                                 u_off, u_draft)
-    if state.dwell >= max(interval, probe_wait(costs, off_row[1], params)):  # probe: one drafted step
+    if state.dwell >= max(interval, probe_wait(costs, off_cost, params)):  # probe: one drafted step
         return DraftOffDecision(False, dataclasses.replace(state, dwell=0, probed=True, probe_interval=interval),
                                 u_off, u_draft, probe=True)
     return DraftOffDecision(True, dataclasses.replace(state, dwell=state.dwell + 1), u_off, u_draft)

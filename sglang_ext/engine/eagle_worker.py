@@ -79,6 +79,7 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
                                                            self.dcut.preview_draft_off)
                 self.dcut.trace_extra = self.deferred_extend.stats.summary  # step-trace lines
                 self.dcut.catch_up_count = self._catch_ups  # a catch-up step is not a draft-off cost
+                self.dcut.catch_up_rows = self._caught_up_rows  # ... but the switching cost's
         if self.ext_config.specexit.enabled:
             from sglang_ext.engine.specexit.runner import SpecExitRunner
 
@@ -109,6 +110,9 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
 
     def _catch_ups(self) -> int:
         return self.deferred_extend.stats.catch_ups
+
+    def _caught_up_rows(self) -> int:
+        return self.deferred_extend.stats.caught_up_rows
 
     def activate_step_by_batch(self, batch_size):
         # a draft-off step runs the zero-step configuration set by _zero_step: no runtime-state switch

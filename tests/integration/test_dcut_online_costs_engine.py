@@ -225,7 +225,9 @@ def test_step_clock_fits_the_context_and_leaves_catch_up_steps_out(monkeypatch):
     context)``), whose cost grows as sqrt(context / 64); the planning table follows the context
     (the row's slope, evaluated at the step about to run). A draft-off step during which the
     worker's catch-up counter moved (it replayed the deferred draft extends) is not a draft-off
-    cost: it is counted in ``catch_up_steps`` and leaves the draft-off cell unobserved."""
+    cost: it is counted in ``catch_up_steps`` and leaves the draft-off cell unobserved; its time
+    beyond the expected draft-off step is the switching cost's (``catch_up_cost``: rows replayed,
+    extra ms), which the draft-off choice is given from the next decode step on."""
     from types import SimpleNamespace as NS
 
     import sglang_ext.engine.dcut.runner as runner_mod
@@ -243,8 +245,9 @@ def test_step_clock_fits_the_context_and_leaves_catch_up_steps_out(monkeypatch):
     runner = DCutRunner(NS(speculative_num_draft_tokens=4, topk=1), DCutConfig(mode="auto"))
     runner.cost_table = table
     runner.reset_online_costs()
-    catch_ups = [0]
+    catch_ups, rows = [0], [0]
     runner.catch_up_count = lambda: catch_ups[0]
+    runner.catch_up_rows = lambda: rows[0]
     oc = runner.online_costs
 
     def auto(q):
@@ -266,11 +269,17 @@ def test_step_clock_fits_the_context_and_leaves_catch_up_steps_out(monkeypatch):
     assert planned.off_ms[0] == pytest.approx(5.0 * (ctx / 64) ** 0.5, rel=0.03)
     assert not runner._off_observed(4)
     runner.metrics.record(StepDecision.draft_off(4, 5.0, OFF_COLUMN), None)
-    catch_ups[0] += 1  # this draft-off step ran a catch-up extend
+    catch_ups[0] += 1  # this draft-off step ran a catch-up extend over 32 deferred rows
+    rows[0] += 32
     now[0] += 0.050
+    expected_off = planned.off_ms[0]  # the draft-off step's cost at that context
+    assert runner._applied_catch_up is None
     runner.begin_step(True, ctx + 1)
     assert runner.catch_up_steps == 1 and not oc.observed(4, OFF_COLUMN) and not runner._off_observed(4)
-    assert runner.online_costs_summary()["catch_up_steps"] == 1
+    summary = runner.online_costs_summary()
+    assert summary["catch_up_steps"] == 1 and summary["catch_up_cost"]["observations"] == 1
+    # one row count: the whole extra time per row, handed to the draft-off choice
+    assert runner._applied_catch_up == pytest.approx((0.0, (50.0 - expected_off) / 32), rel=0.01)
     for _ in range(4):  # ordinary draft-off steps: 2 warm-up, then counted
         runner.metrics.record(StepDecision.draft_off(4, 5.0, OFF_COLUMN), None)
         now[0] += 5.0 * (ctx / 64) ** 0.5 / 1e3

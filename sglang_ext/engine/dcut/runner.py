@@ -91,6 +91,7 @@ from sglang_ext.dcut import (
 from sglang_ext.dcut.calibration import PowerCalibration
 from sglang_ext.dcut.depth import depth_decision
 from sglang_ext.dcut.online_costs import OFF_COLUMN, OnlineCosts, apply_factors
+from sglang_ext.dcut.switch_cost import CatchUpCost
 from sglang_ext.engine.dcut.compact_verify import (
     CompactVerify,
     TargetForwardInterceptor,
@@ -320,6 +321,11 @@ class DCutRunner:
         self.catch_up_count: Optional[Callable[[], int]] = None
         self._catch_ups_seen = 0
         self.catch_up_steps = 0  # closed steps left out of the online costs because they ran a catch-up
+        # deferred rows replayed by catch-ups so far (set by the worker): the switching cost's fit
+        self.catch_up_rows: Optional[Callable[[], int]] = None
+        self._catch_up_rows_seen = 0
+        self.catch_up_cost = CatchUpCost()
+        self._applied_catch_up: Optional[Tuple[float, float]] = None  # (fixed, per_row) the choice uses
         self._planning: Optional[Tuple[Any, CostTable]] = None  # (factors, corrected table) cache
         self._clock_steps = 0  # decode steps seen by the step clock (TP broadcast schedule)
         self.unsupported = _unsupported_reason(worker)
@@ -421,6 +427,7 @@ class DCutRunner:
         self.online_costs = OnlineCosts(self.cost_table) if on and self.unsupported is None else None
         self._applied_factors = None  # None: the launch-time table (no correction yet)
         self._applied_off_observed, self._planning = (), None
+        self.catch_up_cost, self._applied_catch_up = CatchUpCost(), None
 
     def info(self, worker: Any = None) -> Dict[str, Any]:
         """Static description for ``/server_info`` (``get_init_info``). With ``worker``, the table
@@ -496,12 +503,17 @@ class DCutRunner:
         if self.catch_up_count is not None:
             n = int(self.catch_up_count())
             caught_up, self._catch_ups_seen = n != self._catch_ups_seen, n
+        rows = 0
+        if self.catch_up_rows is not None:
+            n = int(self.catch_up_rows())
+            rows, self._catch_up_rows_seen = n - self._catch_up_rows_seen, n
         oc = self.online_costs
         if oc is None:
             return
         if closed is not None and closed[0].cost_column is not None:
             if caught_up:
                 self.catch_up_steps += 1
+                self._observe_catch_up(closed[0].batch_size, closed[1], closed_context, rows)
             else:
                 oc.observe(closed[0].batch_size, closed[0].cost_column, closed[1], closed_context)
         if not decode:
@@ -512,10 +524,20 @@ class DCutRunner:
             if oc.counted:  # the factors move with the context, so they are evaluated every decode step
                 self._applied_factors = oc.factors(context)
                 self._applied_off_observed = tuple(r[-1] for r in oc.observed_mask())
+            self._applied_catch_up = self.catch_up_cost.estimate()
         elif self._clock_steps % ONLINE_COSTS_SYNC_STEPS == 0:
-            self._applied_factors, self._applied_off_observed = sync_factors(
-                (oc.factors(context), tuple(r[-1] for r in oc.observed_mask())), group)
+            self._applied_factors, self._applied_off_observed, self._applied_catch_up = sync_factors(
+                (oc.factors(context), tuple(r[-1] for r in oc.observed_mask()), self.catch_up_cost.estimate()),
+                group)
 
+    def _observe_catch_up(self, batch_size: int, ms: float, context: Optional[float], rows: int) -> None:
+        """A step that ran a catch-up extend: its time beyond a draft-off step's expected cost at
+        its batch size and context (the corrected table) is the catch-up's, ``rows`` replayed."""
+        if rows <= 0 or self.cost_table is None or not self.cost_table.has_draft_off:
+            return
+        off = self.online_costs.corrected(batch_size, context).off_ms
+        if off is not None:
+            self.catch_up_cost.observe(rows, ms - off)
     def _trace_context(self) -> Dict[str, Any]:
         """What a step-trace line (``SGLANG_EXT_DCUT_STEP_TRACE``) adds: whether a runtime knob or the
         profiler forced the step, the online-cost factor of the step's column now, and the counters
@@ -551,6 +573,7 @@ class DCutRunner:
         if self.online_costs is not None:
             out.update(self.online_costs.summary(self._applied_factors))
             out["catch_up_steps"] = self.catch_up_steps
+            out["catch_up_cost"] = self.catch_up_cost.summary()
         return out
 
     def set_force_draft_off(self, every: int) -> None:
@@ -610,7 +633,7 @@ class DCutRunner:
                                "--dcut-draft-off never); drafting is never switched off (re-profile to enable it)")
             return False, None
         decision = draft_off_decision(self.draft_off_state, batch_size, self.planning_table(), self.draft_off_params,
-                                      self._off_observed(batch_size))
+                                      self._off_observed(batch_size), catch_up=self._applied_catch_up)
         return decision.off, decision.state
 
     def _off_observed(self, batch_size: int) -> Optional[bool]:
@@ -946,23 +969,22 @@ def is_decode_batch(batch: Any) -> bool:
     return not (mode.is_extend() or bool(getattr(batch, "is_extend_in_batch", False)) or mode.is_idle())
 
 
-def sync_factors(
-    applied: Tuple[Tuple[Tuple[float, ...], ...], Tuple[bool, ...]], group: Any
-) -> Tuple[Tuple[Tuple[float, ...], ...], Tuple[bool, ...]]:
-    """Rank 0's online cost factors and per-row "draft-off cell observed" flags on every rank
-    (``group.broadcast_object``, SGLang's ``GroupCoordinator``); with ``group=None`` they are
-    returned unchanged.
+def sync_factors(applied: Tuple[Any, ...], group: Any) -> Tuple[Any, ...]:
+    """Rank 0's online cost factors, per-row "draft-off cell observed" flags and catch-up fit
+    ``(fixed, per_row)`` or None on every rank (``group.broadcast_object``, SGLang's
+    ``GroupCoordinator``); with ``group=None`` they are returned unchanged.
 
     Examples
     --------
-    >>> sync_factors((((1.0, 2.0),), (True,)), None)
-    (((1.0, 2.0),), (True,))
+    >>> sync_factors((((1.0, 2.0),), (True,), None), None)
+    (((1.0, 2.0),), (True,), None)
     """
     if group is None:
         return applied
     got = group.broadcast_object(applied if int(getattr(group, "rank_in_group", 0)) == 0 else None, src=0)
-    factors, observed = got
-    return tuple(tuple(float(x) for x in row) for row in factors), tuple(bool(b) for b in observed)
+    factors, observed, catch_up = got
+    return (tuple(tuple(float(x) for x in row) for row in factors), tuple(bool(b) for b in observed),
+            None if catch_up is None else (float(catch_up[0]), float(catch_up[1])))
 
 
 def batch_context(batch: Any) -> Optional[float]:
