@@ -28,6 +28,7 @@ GPU) more data is the lever: ``--max-new-tokens 256 --self-prompts 64 --draft-vo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +37,9 @@ import time
 from typing import Dict, List, Optional
 
 STAGES = ("data", "generate", "features", "train")
+#: Arguments that decide a run's prompts and answers (written to ``OUT/recipe_args.json``).
+SPLIT_ARGS = ("sharegpt_prompts", "heldout_per_source", "max_train_prompts", "max_new_tokens", "self_prompts",
+              "data_cache")
 
 
 def _log(msg: str) -> None:
@@ -159,8 +163,16 @@ def _generate(args: argparse.Namespace, parts, progress: bool):
     every = parts["train"] + parts["heldout"]
     max_plen = max(len(gen_mod.encode_conversation(tok, [p.text])) for p in every)
     max_seq = 2 * max_plen + 2 * args.max_new_tokens + 64
-    with gen_mod.TargetEngine(args.target, args.gen_batch_size, max_seq, json.loads(args.engine_kwargs),
-                              _log, threads=args.threads) as eng:
+    with contextlib.ExitStack() as stack:
+        started: List = []
+
+        def engine():  # launched on first use: a run whose answers are all reused needs none
+            if not started:
+                started.append(stack.enter_context(gen_mod.TargetEngine(
+                    args.target, args.gen_batch_size, max_seq, json.loads(args.engine_kwargs), _log,
+                    threads=args.threads)))
+            return started[0]
+
         self_path = os.path.join(args.out, "self_prompts.json")
         if os.path.exists(self_path):  # an interrupted run: the same questions again
             with open(self_path) as f:
@@ -168,7 +180,7 @@ def _generate(args: argparse.Namespace, parts, progress: bool):
         else:
             own = []
             if args.self_prompts:
-                own = gen_mod.self_prompts(eng, tok, args.self_prompts, [p.text for p in parts["heldout"]],
+                own = gen_mod.self_prompts(engine(), tok, args.self_prompts, [p.text for p in parts["heldout"]],
                                            progress=progress)
                 _log(f"[generate] {len(own)} self prompts kept of {args.self_prompts} sampled")
             with open(self_path + ".tmp", "w") as f:
@@ -217,8 +229,8 @@ def _generate(args: argparse.Namespace, parts, progress: bool):
                     partial.write(json.dumps({"id": ready[i].id, "ids": out}) + "\n")
                     partial.flush()
 
-                outs = eng.greedy(ids, args.max_new_tokens, progress=progress, desc=f"answers (turn {depth + 1})",
-                                  on_done=save)
+                outs = engine().greedy(ids, args.max_new_tokens, progress=progress,
+                                       desc=f"answers (turn {depth + 1})", on_done=save)
                 answers.update({p.id: o for p, o in zip(ready, outs)})
                 pending = [p for p in pending if p.id not in answers]
                 depth += 1
@@ -281,6 +293,12 @@ def run(args: argparse.Namespace) -> str:
     def save_timings():
         with open(timings_path, "w") as f:
             json.dump(timings, f, indent=1)
+
+    # the arguments that define the prompts and answers (bench/draft_data_curve.py repeats them)
+    args_path = os.path.join(args.out, "recipe_args.json")
+    if not os.path.exists(args_path):
+        with open(args_path, "w") as f:
+            json.dump({k: getattr(args, k) for k in SPLIT_ARGS}, f, indent=1)
 
     # 1. data
     split_path = os.path.join(args.out, "split.json")

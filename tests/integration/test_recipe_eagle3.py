@@ -423,3 +423,27 @@ def test_cli_end_to_end_and_resume(tmp_path):
     p3 = subprocess.run([sys.executable, "-m", "sglang_ext.recipe.eagle3", "--target", str(tmp_path),
                          "--out", out], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p3.returncode == 2 and p3.stderr.strip().startswith("error: --target") and "Traceback" not in p3.stderr
+    # bench/draft_data_curve.py on this run as its pool: a budget the pool's answers reach trains a
+    # draft on the shortest prefix of the train prompts holding it, reusing the answers (no engine);
+    # a budget beyond the pool is skipped.
+    with open(os.path.join(out, "recipe_args.json")) as f:
+        assert json.load(f)["max_new_tokens"] == 24  # the pool's split-defining arguments are recorded
+    curve_json = str(tmp_path / "curve.json")
+    p8 = subprocess.run([sys.executable, "bench/draft_data_curve.py", "--target", TARGET, "--pool", out,
+                         "--runs", str(tmp_path / "curve"), "--budgets", "30,100000000", "--json", curve_json,
+                         "--", "--draft-vocab-size", "64", "--epochs", "1", "--no-progress"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert p8.returncode == 0, p8.stderr[-3000:]
+    assert "budget 100000000:" in p8.stdout and "skipped" in p8.stdout
+    with open(curve_json) as f:
+        curve = json.load(f)
+    (point,) = curve["points"]
+    from sglang_ext.recipe.eagle3 import read_answers
+
+    train_ids = [q.id for q in data_mod.read_split(os.path.join(out, "split.json"))["train"]]
+    raw = read_answers(os.path.join(out, "answers.partial.jsonl"), set(train_ids))
+    n = next(k for k in range(1, len(train_ids) + 1) if sum(len(raw[i]) for i in train_ids[:k]) >= 30)
+    assert point["train_prompts"] == n
+    assert point["train_answer_tokens"] == sum(len(seqs[i]["ids"]) - seqs[i]["prompt_len"] for i in train_ids[:n])
+    assert set(point["heldout_acceptance_by_source"]) == {"gsm", "mtbench"}
+    assert "engine up" not in p8.stderr and "answers reused" in p8.stderr
