@@ -57,31 +57,43 @@ def prompts_for_budget(train_ids: Sequence[str], answer_tokens: Dict[str, int], 
     return None
 
 
+ANSWER_FILES = ("answers.partial.jsonl", "answers.jsonl.gz")
+"""The pool's answers: a recipe run's own file, or a compressed copy of it (a committed pool)."""
+
+
+def answers_path(pool: str) -> str:
+    """The pool's answers file (:data:`ANSWER_FILES`, first found)."""
+    for name in ANSWER_FILES:
+        path = os.path.join(pool, name)
+        if os.path.exists(path):
+            return path
+    raise SystemExit(f"error: {pool} holds none of {', '.join(ANSWER_FILES)}: run the recipe's generation "
+                     f"into it first")
+
+
 def pool_answers(pool: str) -> Dict[str, int]:
-    """``{prompt id: answer tokens}`` of the pool's answers (``answers.partial.jsonl``)."""
+    """``{prompt id: answer tokens}`` of the pool's answers."""
     from sglang_ext.recipe.eagle3 import read_answers
 
-    path = os.path.join(pool, "answers.partial.jsonl")
-    if not os.path.exists(path):
-        raise SystemExit(f"error: {path} does not exist: run the recipe's generation into {pool} first")
+    path = answers_path(pool)
     with open(os.path.join(pool, "split.json")) as f:
         split = json.load(f)
     wanted = {p["id"] for part in ("train", "heldout") for p in split[part]}
     return {k: len(v) for k, v in read_answers(path, wanted).items()}
 
 
-def recipe_command(target: str, pool: str, out: str, n_prompts: int, pool_args: Dict[str, object],
+def recipe_command(target: str, answers: str, out: str, n_prompts: int, pool_args: Dict[str, object],
                    extra: Sequence[str]) -> List[str]:
     """The recipe invocation of one point (same split as the pool, its first ``n_prompts`` train prompts).
 
     Examples
     --------
-    >>> recipe_command("T", "P", "O", 7, {"sharegpt_prompts": 8000, "heldout_per_source": 24}, ["--epochs", "3"])[3:]
-    ['--target', 'T', '--out', 'O', '--max-train-prompts', '7', '--reuse-answers', 'P/answers.partial.jsonl', \
+    >>> recipe_command("T", "P/a.jsonl", "O", 7, {"sharegpt_prompts": 8000, "heldout_per_source": 24}, ["--epochs", "3"])[3:]
+    ['--target', 'T', '--out', 'O', '--max-train-prompts', '7', '--reuse-answers', 'P/a.jsonl', \
 '--sharegpt-prompts', '8000', '--heldout-per-source', '24', '--max-new-tokens', '128', '--epochs', '3']
     """
     cmd = [sys.executable, "-m", "sglang_ext.recipe.eagle3", "--target", target, "--out", out,
-           "--max-train-prompts", str(n_prompts), "--reuse-answers", os.path.join(pool, "answers.partial.jsonl")]
+           "--max-train-prompts", str(n_prompts), "--reuse-answers", answers]
     for key in ("sharegpt_prompts", "heldout_per_source", "max_new_tokens", "data_cache"):
         value = pool_args.get(key, 128 if key == "max_new_tokens" else None)
         if value is not None:
@@ -124,7 +136,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"tokens so far; skipped", flush=True)
             continue
         out = os.path.join(args.runs, f"tokens{budget}")
-        cmd = recipe_command(args.target, args.pool, out, n, pool_args, extra)
+        cmd = recipe_command(args.target, answers_path(args.pool), out, n, pool_args, extra)
         t0 = time.perf_counter()
         print(f"budget {budget}: {n} train prompts -> {out}", flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT)

@@ -124,8 +124,8 @@ def _load_target(target_dir: str):
 
 
 def read_answers(path: str, wanted) -> Dict[str, List[int]]:
-    r"""``{prompt id: answer token ids}`` of an answers JSONL file, for the ids in ``wanted``; a line
-    an interruption cut short is skipped.
+    r"""``{prompt id: answer token ids}`` of an answers JSONL file (gzip-compressed when its name ends
+    in ``.gz``), for the ids in ``wanted``; a line an interruption cut short is skipped.
 
     Examples
     --------
@@ -135,9 +135,16 @@ def read_answers(path: str, wanted) -> Dict[str, List[int]]:
     ...     _ = f.write('{"id": "x", "ids": [1, 2]}\n{"id": "y", "ids": [3]}\n{"id": "z", "i')
     >>> read_answers(p, {"x", "z"})
     {'x': [1, 2]}
+    >>> import gzip
+    >>> with gzip.open(p + ".gz", "wt") as f:
+    ...     _ = f.write('{"id": "x", "ids": [4]}\n')
+    >>> read_answers(p + ".gz", {"x"})
+    {'x': [4]}
     """
+    import gzip
+
     out: Dict[str, List[int]] = {}
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for ln in f:
             try:
                 rec = json.loads(ln)
