@@ -144,30 +144,38 @@ def test_same_output_under_every_dcut_setting_load_and_draft_off_pattern(engine,
     assert not failures, failures
 
 
-@pytest.mark.slow
-def test_tp2_gives_the_same_outputs_as_tp1(engine, prompts, tmp_path):
-    ref, _ = _run(engine, prompts, TUNED, CONFIGURED, 0, N)
+def compare_tp2_with_tp1(tp1, prompts, custom, start_tp2, label=""):
+    """The TP 1 engine's outputs under ``auto``, then a TP 2 engine (``start_tp2()``, two ranks bound to
+    one core each) under ``auto`` and tier 0.5 must give them; returns the TP 2 engine's SpecExit
+    ``/server_info`` (taken before it shuts down)."""
+    from sglang_ext.engine.dcut.client import set_force_ratio
+
+    ref, _ = _run(tp1, prompts, custom, CONFIGURED, 0, N)
     ref_ids = [o["output_ids"] for o in ref]
     assert sum(bool(o["meta_info"]["specexit_exited"]) for o in ref) >= 0.75 * N
-    table = hand_written_table(str(tmp_path / "table.json"), 4, 1, 3, off_ms=[50, 1, 2])
     os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = "0|1"
     try:
-        tp2 = make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa", tp_size=2,
-                          speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
-                          speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
-                          max_total_tokens=32768, max_running_requests=64, specexit=True, dcut="auto",
-                          dcut_cost_table=table, dcut_cache_dir=str(tmp_path / "cache"))
+        tp2 = start_tp2()
     finally:
         os.environ.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
     try:
         for name, ratio in (("TP 2, auto", CONFIGURED), ("TP 2, tier 0.5", 0.5)):
-            params = dict(GREEDY, custom_params=TUNED)
-            from sglang_ext.engine.dcut.client import set_force_ratio
-
             assert set_force_ratio(tp2, ratio)
-            outs = tp2.generate(input_ids=prompts, sampling_params=params)
+            outs = tp2.generate(input_ids=prompts, sampling_params=dict(GREEDY, custom_params=custom))
             bad = [i for i, o in enumerate(outs) if o["output_ids"] != ref_ids[i]]
-            print(f"{name}: {N - len(bad)}/{N} identical to TP 1")
+            print(f"{label}{name}: {N - len(bad)}/{N} identical to TP 1")
             assert not bad, f"{name}: {len(bad)} of {N} outputs differ from TP 1 (first: problem {bad[0]})"
+        return tp2.get_server_info()["internal_states"][0]["specexit"]
     finally:
         tp2.shutdown()
+
+
+@pytest.mark.slow
+def test_tp2_gives_the_same_outputs_as_tp1(engine, prompts, tmp_path):
+    table = hand_written_table(str(tmp_path / "table.json"), 4, 1, 3, off_ms=[50, 1, 2])
+    compare_tp2_with_tp1(engine, prompts, TUNED, lambda: make_engine(
+        os.path.join(MODELS, "target"), attention_backend="torch_sdpa", tp_size=2,
+        speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
+        speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+        max_total_tokens=32768, max_running_requests=64, specexit=True, dcut="auto",
+        dcut_cost_table=table, dcut_cache_dir=str(tmp_path / "cache")))

@@ -23,7 +23,7 @@ import os
 import pytest
 
 from engine_utils import make_engine
-from test_specexit_invariance import CONFIGURED, GREEDY, N, _compare_with_reference, _run
+from test_specexit_invariance import N, _compare_with_reference, compare_tp2_with_tp1
 from trained_models import MODELS, hand_written_table, requires_trained_models
 from trained_models import held_out_prompts as _prompts
 
@@ -79,24 +79,6 @@ def test_draft_confidence_source_gives_the_same_output_under_every_setting(dc_en
 def test_tp2_draft_confidence_gives_the_same_outputs_as_tp1(dc_engine, prompts, tmp_path):
     # The draft-confidence values are computed on every rank from the draft's gathered logits; the
     # lagged decisions and the steps cut short must agree between the ranks and with TP 1.
-    from sglang_ext.engine.dcut.client import set_force_ratio
-
-    ref, _ = _run(dc_engine, prompts, DRAFT_CONFIDENCE, CONFIGURED, 0, N)
-    ref_ids = [o["output_ids"] for o in ref]
-    assert sum(bool(o["meta_info"]["specexit_exited"]) for o in ref) >= 0.75 * N
-    os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = "0|1"
-    try:
-        tp2 = _draft_confidence_engine(tmp_path, tp_size=2)
-    finally:
-        os.environ.pop("SGLANG_CPU_OMP_THREADS_BIND", None)
-    try:
-        for name, ratio in (("TP 2, auto", CONFIGURED), ("TP 2, tier 0.5", 0.5)):
-            assert set_force_ratio(tp2, ratio)
-            outs = tp2.generate(input_ids=prompts, sampling_params=dict(GREEDY, custom_params=DRAFT_CONFIDENCE))
-            bad = [i for i, o in enumerate(outs) if o["output_ids"] != ref_ids[i]]
-            print(f"draft-confidence {name}: {N - len(bad)}/{N} identical to TP 1")
-            assert not bad, f"{name}: {len(bad)} of {N} outputs differ from TP 1 (first: problem {bad[0]})"
-        info = _specexit_info(tp2)
-        assert info["missing_signals"] == 0 and info["truncated_steps"] > 0, info
-    finally:
-        tp2.shutdown()
+    info = compare_tp2_with_tp1(dc_engine, prompts, DRAFT_CONFIDENCE,
+                                lambda: _draft_confidence_engine(tmp_path, tp_size=2), "draft-confidence ")
+    assert info["missing_signals"] == 0 and info["truncated_steps"] > 0, info
