@@ -25,7 +25,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCANNED_DIRS = ("sglang_ext", "tests", "bench", "patches", "configs", "docs", "scripts", "examples")
+SCANNED_DIRS = ("sglang_ext", "tests", "bench", "patches", "configs", "docs", "scripts", "examples", "data")
 SCANNED_TOP_FILES = ("README.md", "pyproject.toml")
 SCANNED_SUFFIXES = (".py", ".md", ".yaml", ".yml", ".sh", ".toml", ".txt")
 SKIPPED_DIRS = {".venv", "__pycache__", "sglang_ext.egg-info", ".git"}
