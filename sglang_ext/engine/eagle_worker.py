@@ -78,8 +78,7 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
                 self.deferred_extend = DeferredDraftExtend(self, self.ext_config.dcut.draft_off_extend,
                                                            self.dcut.preview_draft_off)
                 self.dcut.trace_extra = self.deferred_extend.stats.summary  # step-trace lines
-                self.dcut.catch_up_count = self._catch_ups  # a catch-up step is not a draft-off cost
-                self.dcut.catch_up_rows = self._caught_up_rows  # ... but the switching cost's
+                self.dcut.catch_up_rows = self._caught_up_rows  # a catch-up step: a switching cost, not an off one
         if self.ext_config.specexit.enabled:
             from sglang_ext.engine.specexit.runner import SpecExitRunner
 
@@ -107,9 +106,6 @@ class ExtEAGLEWorker(EAGLEWorkerV2):
         from sglang_ext.engine.dcut.depth_mode import DCutDepthPolicy
 
         self.adaptive_controller = AdaptiveController(self, DCutDepthPolicy(self.dcut, self.adaptive_controller.params))
-
-    def _catch_ups(self) -> int:
-        return self.deferred_extend.stats.catch_ups
 
     def _caught_up_rows(self) -> int:
         return self.deferred_extend.stats.caught_up_rows

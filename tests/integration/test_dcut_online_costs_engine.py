@@ -224,7 +224,7 @@ def test_step_clock_fits_the_context_and_leaves_catch_up_steps_out(monkeypatch):
     """The runner without an engine: steps carry their batch's mean context (``begin_step(decode,
     context)``), whose cost grows as sqrt(context / 64); the planning table follows the context
     (the row's slope, evaluated at the step about to run). A draft-off step during which the
-    worker's catch-up counter moved (it replayed the deferred draft extends) is not a draft-off
+    worker's count of caught-up rows grew (it replayed the deferred draft extends) is not a draft-off
     cost: it is counted in ``catch_up_steps`` and leaves the draft-off cell unobserved; its time
     beyond the expected draft-off step is the switching cost's (``catch_up_cost``: rows replayed,
     extra ms), which the draft-off choice is given from the next decode step on."""
@@ -245,8 +245,7 @@ def test_step_clock_fits_the_context_and_leaves_catch_up_steps_out(monkeypatch):
     runner = DCutRunner(NS(speculative_num_draft_tokens=4, topk=1), DCutConfig(mode="auto"))
     runner.cost_table = table
     runner.reset_online_costs()
-    catch_ups, rows = [0], [0]
-    runner.catch_up_count = lambda: catch_ups[0]
+    rows = [0]
     runner.catch_up_rows = lambda: rows[0]
     oc = runner.online_costs
 
@@ -269,8 +268,7 @@ def test_step_clock_fits_the_context_and_leaves_catch_up_steps_out(monkeypatch):
     assert planned.off_ms[0] == pytest.approx(5.0 * (ctx / 64) ** 0.5, rel=0.03)
     assert not runner._off_observed(4)
     runner.metrics.record(StepDecision.draft_off(4, 5.0, OFF_COLUMN), None)
-    catch_ups[0] += 1  # this draft-off step ran a catch-up extend over 32 deferred rows
-    rows[0] += 32
+    rows[0] += 32  # this draft-off step ran a catch-up extend over 32 deferred rows
     now[0] += 0.050
     expected_off = planned.off_ms[0]  # the draft-off step's cost at that context
     assert runner._applied_catch_up is None

@@ -317,13 +317,11 @@ class DCutRunner:
         # rows whose draft-off cell has counted observations, with the factors (rank 0's under TP)
         self._applied_off_observed: Tuple[bool, ...] = ()
         self._step_context: Optional[float] = None  # mean context length of the decode step in progress
-        # deferred draft-extend catch-ups run so far (set by the worker; a step that ran one is not observed)
-        self.catch_up_count: Optional[Callable[[], int]] = None
-        self._catch_ups_seen = 0
-        self.catch_up_steps = 0  # closed steps left out of the online costs because they ran a catch-up
-        # deferred rows replayed by catch-ups so far (set by the worker): the switching cost's fit
+        # deferred draft-extend rows replayed by catch-ups so far (set by the worker): a step during
+        # which it grew ran a catch-up, is not observed as a draft-off cost and feeds the switching cost
         self.catch_up_rows: Optional[Callable[[], int]] = None
         self._catch_up_rows_seen = 0
+        self.catch_up_steps = 0  # closed steps left out of the online costs because they ran a catch-up
         self.catch_up_cost = CatchUpCost()
         self._applied_catch_up: Optional[Tuple[float, float]] = None  # (fixed, per_row) the choice uses
         self._planning: Optional[Tuple[Any, CostTable]] = None  # (factors, corrected table) cache
@@ -499,11 +497,7 @@ class DCutRunner:
             self.metrics.trace.context = self._trace_context
         closed = self.metrics.start_step(time.perf_counter(), decode)
         closed_context, self._step_context = self._step_context, (context if decode else None)
-        caught_up = False
-        if self.catch_up_count is not None:
-            n = int(self.catch_up_count())
-            caught_up, self._catch_ups_seen = n != self._catch_ups_seen, n
-        rows = 0
+        rows = 0  # deferred rows a catch-up replayed during the closed step (a catch-up has at least one)
         if self.catch_up_rows is not None:
             n = int(self.catch_up_rows())
             rows, self._catch_up_rows_seen = n - self._catch_up_rows_seen, n
@@ -511,7 +505,7 @@ class DCutRunner:
         if oc is None:
             return
         if closed is not None and closed[0].cost_column is not None:
-            if caught_up:
+            if rows > 0:
                 self.catch_up_steps += 1
                 self._observe_catch_up(closed[0].batch_size, closed[1], closed_context, rows)
             else:
@@ -533,11 +527,12 @@ class DCutRunner:
     def _observe_catch_up(self, batch_size: int, ms: float, context: Optional[float], rows: int) -> None:
         """A step that ran a catch-up extend: its time beyond a draft-off step's expected cost at
         its batch size and context (the corrected table) is the catch-up's, ``rows`` replayed."""
-        if rows <= 0 or self.cost_table is None or not self.cost_table.has_draft_off:
+        if self.cost_table is None or not self.cost_table.has_draft_off:
             return
         off = self.online_costs.corrected(batch_size, context).off_ms
         if off is not None:
             self.catch_up_cost.observe(rows, ms - off)
+
     def _trace_context(self) -> Dict[str, Any]:
         """What a step-trace line (``SGLANG_EXT_DCUT_STEP_TRACE``) adds: whether a runtime knob or the
         profiler forced the step, the online-cost factor of the step's column now, and the counters

@@ -458,7 +458,7 @@ class SpecExitRunner:
                          "signals": signals.tolist(),
                          "decision": {k: getattr(decision, k).tolist() for k in
                                       ("exit", "keep_drafts", "reason", "natural_end", "first_boundary")},
-                "truncated": None if truncated is None else truncated.tolist(),
+                         "truncated": None if truncated is None else truncated.tolist(),
                          "accept_lens": result.accept_lens.tolist(),
                          "next_token_ids": result.next_token_ids.view(bs, num_draft).tolist()})
         return result
