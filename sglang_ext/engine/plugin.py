@@ -18,6 +18,8 @@ target                                                                 type    p
 ``sglang.srt.speculative.eagle_utils.default_tree_mask_mode``           AROUND  FULL mask for triton on CPU
 ``sglang.srt.arg_groups.platform_hook.handle_cpu_backends``             BEFORE  torch_sdpa default on CPU testbed
 ``...model_runner.ModelRunner._decode_cuda_graph_runner_cls`` (CUDA)     AROUND  D-Cut tier verify graphs
+``...UnquantizedLinearMethod.apply`` (env, CPU)                        AROUND  packed GEMM (opt-in)
+``...LogitsProcessor._compute_lm_head`` (env, CPU)                     AROUND  packed GEMM (opt-in)
 =====================================================================  ======  =======================
 
 plus the CPU testbed's torch attention backend registration (``engine/attention/torch_sdpa.py``).
@@ -311,6 +313,9 @@ def register_hooks() -> None:
 
     register_dcut_hooks()  # draft confidences + D-Cut in /server_info (patches/INDEX.md)
     _register_cpu_backend()
+    from sglang_ext.engine.cpu.packed_gemm_hooks import register as register_packed_gemm  # [cpu/packed_gemm]
+
+    register_packed_gemm()  # only with SGLANG_EXT_CPU_PACKED_GEMM set (patches/cpu_packed_gemm.md)
     import torch
 
     from sglang_ext.engine.attention.flashinfer_dcut import register as register_flashinfer_dcut

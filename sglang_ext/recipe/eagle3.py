@@ -218,29 +218,35 @@ def _generate(args: argparse.Namespace, parts, progress: bool):
                 q = ctx
             return gen_mod.encode_conversation(tok, turns)
 
-        pending = [p for part in full.values() for p in part if p.id not in answers]
-        depth = 0
+        # Held-out prompts first (every draft trained on a prefix of the run is evaluated on them),
+        # then the train prompts in the split's order, submitted in that order with a bounded
+        # window; a later turn waits only for its own context. So an interrupted run's answers are
+        # (close to) a prefix of the split, which drafts trained on less data use
+        # (bench/draft_data_curve.py).
+        pending = [p for p in full["heldout"] + full["train"] if p.id not in answers]
+        index = {p.id: i for i, p in enumerate(pending)}
+        after = []
+        for p in pending:
+            if p.context and p.context not in answers and p.context not in index:
+                raise ValueError(f"prompt {p.id}: its context {p.context} is missing")
+            after.append(index.get(p.context, gen_mod.NO_DEPENDENCY) if p.context else gen_mod.NO_DEPENDENCY)
         with open(partial_path, "a") as partial:
             if partial.tell() > 0:  # end a line an interruption cut short, so the next record is whole
                 with open(partial_path, "rb") as f:
                     f.seek(-1, os.SEEK_END)
                     if f.read(1) != b"\n":
                         partial.write("\n")
-            while pending:  # one pass per conversation depth
-                ready = [p for p in pending if not p.context or p.context in answers]
-                if not ready:
-                    raise ValueError(f"prompt {pending[0].id}: its context {pending[0].context} is missing")
-                ids = [encode(p) for p in ready]
 
-                def save(i, out, ready=ready):
-                    partial.write(json.dumps({"id": ready[i].id, "ids": out}) + "\n")
-                    partial.flush()
+            def save(i, out):
+                answers[pending[i].id] = out
+                partial.write(json.dumps({"id": pending[i].id, "ids": out}) + "\n")
+                partial.flush()
 
-                outs = engine().greedy(ids, args.max_new_tokens, progress=progress,
-                                       desc=f"answers (turn {depth + 1})", on_done=save)
-                answers.update({p.id: o for p, o in zip(ready, outs)})
-                pending = [p for p in pending if p.id not in answers]
-                depth += 1
+            if pending:
+                engine().generate_in_order(
+                    len(pending), lambda i: encode(pending[i]), after,
+                    {"temperature": 0.0, "max_new_tokens": args.max_new_tokens},
+                    window=2 * args.gen_batch_size, progress=progress, desc="answers", on_done=save)
     pids = {p.id: encode(p) for part in full.values() for p in part}
     seqs = gen_mod.build_sequences(full, {k: [pids[p.id] for p in v] for k, v in full.items()},
                                    {k: [answers[p.id] for p in v] for k, v in full.items()}, eos,

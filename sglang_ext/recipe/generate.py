@@ -19,6 +19,77 @@ from typing import Dict, List, Optional, Sequence
 
 from sglang_ext.recipe.data import Prompt
 
+NO_DEPENDENCY = -1
+"""``after[i]`` of a request that waits for no other request of the same call."""
+
+
+async def run_in_order(n: int, after: Sequence[int], submit, window: int, on_done=None) -> List:
+    """Run ``n`` requests, submitting them in index order with at most ``window`` unfinished.
+
+    ``await submit(i)`` runs request ``i`` and returns its result; it is called only after request
+    ``after[i]`` (an earlier index, or :data:`NO_DEPENDENCY`) has finished, so a later turn of a
+    conversation can be built from the answer to the earlier one. ``on_done(i, result)`` runs as
+    each finishes, before any request that waits for it is submitted. Submitting in order with a
+    bounded window (instead of all at once) keeps the finished requests close to a prefix of the
+    order, so an interrupted run leaves a usable prefix, and a later turn runs soon after its
+    context instead of after every first turn.
+
+    Examples
+    --------
+    >>> import asyncio
+    >>> log = []
+    >>> async def submit(i):
+    ...     log.append(("start", i)); await asyncio.sleep(0.001 * (3 - i)); return i * 10
+    >>> asyncio.run(run_in_order(3, [NO_DEPENDENCY, 0, NO_DEPENDENCY], submit, window=2))
+    [0, 10, 20]
+    >>> log.index(("start", 1)) > log.index(("start", 0))
+    True
+    """
+    import asyncio
+
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    for i, d in enumerate(after):
+        if d != NO_DEPENDENCY and not 0 <= d < i:
+            raise ValueError(f"request {i} waits for {d}: only an earlier request of the call can be waited for")
+    slots = asyncio.Semaphore(window)
+    finished = [asyncio.Event() for _ in range(n)]
+    results: List = [None] * n
+
+    async def one(i):
+        try:
+            results[i] = await submit(i)
+            if on_done is not None:
+                on_done(i, results[i])
+            finished[i].set()
+        finally:
+            slots.release()
+
+    tasks = []
+    try:
+        for i in range(n):
+            await slots.acquire()
+            if after[i] != NO_DEPENDENCY:
+                await _wait_or_raise(finished[after[i]], tasks[after[i]])
+            tasks.append(asyncio.ensure_future(one(i)))
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+    return results
+
+
+async def _wait_or_raise(event, task) -> None:
+    """Wait for ``event``; re-raise the exception of ``task`` (the request that sets it) if it fails."""
+    import asyncio
+
+    waiter = asyncio.ensure_future(event.wait())
+    await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
+    if not event.is_set():
+        waiter.cancel()
+        task.result()  # raises the failed request's exception
+        raise RuntimeError("a request finished without its result")  # pragma: no cover
+
 
 @dataclass
 class Sequence_:
@@ -116,6 +187,29 @@ class TargetEngine:
 
         try:
             return self.engine.loop.run_until_complete(all_()) if prompt_ids else []
+        finally:
+            bar.close()
+
+    def generate_in_order(self, n: int, build_ids, after: Sequence[int], sampling_params: Dict,
+                          window: int, desc: str = "generate", progress: bool = True, on_done=None) -> List[List[int]]:
+        """Output ids of ``n`` requests submitted in order (:func:`run_in_order`): request ``i``'s
+        input ids are ``build_ids(i)``, called once request ``after[i]`` has finished and its
+        ``on_done`` has run (a later turn's conversation holds the earlier answer)."""
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, desc=desc, unit="seq", disable=not progress)
+
+        async def submit(i):
+            out = await self.engine.async_generate(input_ids=list(build_ids(i)), sampling_params=dict(sampling_params))
+            return list(out["output_ids"])
+
+        def done(i, out):
+            bar.update(1)
+            if on_done is not None:
+                on_done(i, out)
+
+        try:
+            return self.engine.loop.run_until_complete(run_in_order(n, after, submit, window, done)) if n else []
         finally:
             bar.close()
 
