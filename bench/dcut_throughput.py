@@ -104,13 +104,17 @@ NEVER = "auto-never"  # --dcut auto --dcut-draft-off never (a second engine on t
 ADAPTIVE = "adaptive"  # SGLang's --speculative-adaptive (the chain only: topk 1)
 DEPTH = "auto-depth"  # --dcut auto under --speculative-adaptive: D-Cut's depth mode (chains only)
 NO_SPEC = "no-spec"
+#: ``--packed-gemm P``: the project's speculative engines run with the CPU backend's row-blocked packed
+#: GEMM (SGLANG_EXT_CPU_PACKED_GEMM=P); this engine is plain decoding with it, ``no-spec`` without it
+NO_SPEC_PACKED = "no-spec-packed"
+PACKED_ENV = "SGLANG_EXT_CPU_PACKED_GEMM"  # sglang_ext.engine.cpu.packed_gemm.ENV_ROWS (not imported: no torch yet)
 #: the D-Cut engine with every decode step draft-off (``dcut_force_draft_off`` 1): what a draft-off
 #: step costs against a plain decode step (``off/nospec``); measured only when ``--modes`` names it
 OFF = "off"
 OPT_IN_MODES = (OFF,)
 DCUT_MODES = MODES + OPT_IN_MODES + (NEVER, DEPTH)  # the modes with D-Cut metrics
 #: printing order of every mode a result may hold
-ALL_MODES = (NO_SPEC, OFF, "server", "full", "r0.25", "r0.5", "r0.75", NEVER, "auto", DEPTH, ADAPTIVE)
+ALL_MODES = (NO_SPEC, NO_SPEC_PACKED, OFF, "server", "full", "r0.25", "r0.5", "r0.75", NEVER, "auto", DEPTH, ADAPTIVE)
 #: why SGLang's adaptive speculative decoding cannot run a shape (its adaptive_unsupported_reason)
 ADAPTIVE_TOPK_REASON = ("SGLang's --speculative-adaptive supports only --speculative-eagle-topk 1 "
                         "(sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason); this shape has "
@@ -170,6 +174,14 @@ def _parse_args(argv=None):
     p.add_argument("--out", default=os.path.join("bench", "out", "dcut_throughput.png"))
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--skip-no-spec", action="store_true")
+    p.add_argument("--sequential", action="store_true",
+                   help="one engine up at a time (each measured at every batch size and repeat, then shut down): "
+                        "for models too large to keep several engines in memory; the ratios then pair runs taken "
+                        "minutes apart")
+    p.add_argument("--packed-gemm", type=int, default=0, metavar="P",
+                   help="run the D-Cut engines with the CPU backend's row-blocked packed GEMM in blocks of P rows "
+                        f"({PACKED_ENV}=P) and add a plain engine with it ({NO_SPEC_PACKED}); {NO_SPEC} stays "
+                        "without it (0: off)")
     p.add_argument("--skip-never", action="store_true",
                    help=f"no '{NEVER}' engine (--dcut auto --dcut-draft-off never on the same cost table)")
     p.add_argument("--skip-adaptive", action="store_true", help="no SGLang --speculative-adaptive engine")
@@ -571,14 +583,27 @@ def run_bench(args) -> dict:
     eagle = dict(speculative_algorithm=args.algorithm, speculative_draft_model_path=draft,
                  speculative_num_steps=args.num_steps, speculative_eagle_topk=args.topk,
                  speculative_num_draft_tokens=args.num_draft_tokens)
-    adaptive = _adaptive_plan(args)
+    adaptive = _adaptive_plan(args) if not getattr(args, "sequential", False) else \
+        {"status": "n/a", "reason": "--sequential runs only no-spec, the D-Cut engine and auto-never"}
     if adaptive["status"] != "measured":
         print(f"  adaptive: n/a ({adaptive['reason']})", flush=True)
     dcut_kw = dict(dcut="auto", dcut_draft_off="auto", **eagle, **extra)
     never_kw = dict(dcut="auto", dcut_draft_off="never", **eagle, **extra)
 
-    def start(name, **kw):
-        engines[name] = EngineProcess(name, target, args, wait=False, **kw)
+    packed = {PACKED_ENV: str(args.packed_gemm)} if getattr(args, "packed_gemm", 0) else {}
+
+    def start(name, env=None, **kw):
+        # the engine's processes read the environment when they start (spawned below)
+        saved = {k: os.environ.get(k) for k in (env or {})}
+        os.environ.update(env or {})
+        try:
+            engines[name] = EngineProcess(name, target, args, wait=False, **kw)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     def wait(*names):
         for n in names:
@@ -586,26 +611,32 @@ def run_bench(args) -> dict:
                 engines[n].wait_ready()
 
     try:
+        if getattr(args, "sequential", False):
+            results, info, online, startup = _run_sequential(args, start, engines, prompts, dcut_kw, never_kw,
+                                                             extra, packed, dcut_modes)
+            return _result(args, results, info, online, startup, extra, adaptive, target, draft, kind)
         # Launch order: the engines that profile nothing first (side by side), then the D-Cut engine alone
         # (its launch-time profile must not share the cores with other launches), then auto-never on the
         # profiled table. With --cost-table nothing is profiled and all start together.
         if not args.skip_no_spec:
-            start(NO_SPEC)
+            start(NO_SPEC, env={PACKED_ENV: "0"} if packed else None)
+            if packed:
+                start(NO_SPEC_PACKED, env=packed)
         if adaptive["status"] == "measured":
             start(ADAPTIVE, speculative_adaptive=True, speculative_adaptive_config=adaptive["config_path"], **eagle)
         if args.cost_table:
-            start("dcut", **dcut_kw)
+            start("dcut", env=packed, **dcut_kw)
             if not args.skip_never:
-                start(NEVER, **never_kw)
-        wait(NO_SPEC, ADAPTIVE)
+                start(NEVER, env=packed, **never_kw)
+        wait(NO_SPEC, NO_SPEC_PACKED, ADAPTIVE)
         t0 = time.perf_counter()
         if "dcut" not in engines:
-            start("dcut", **dcut_kw)
+            start("dcut", env=packed, **dcut_kw)
         wait("dcut")
         startup = time.perf_counter() - t0
         if adaptive.get("config_path") and not getattr(args, "skip_depth", False):
             # D-Cut's depth mode profiles its own table (the depths are its columns): launched alone too
-            start(DEPTH, speculative_adaptive=True, speculative_adaptive_config=adaptive["config_path"], dcut="auto",
+            start(DEPTH, env=packed, speculative_adaptive=True, speculative_adaptive_config=adaptive["config_path"], dcut="auto",
                   dcut_draft_off="auto", dcut_cache_dir=extra["dcut_cache_dir"],
                   **({"dcut_profile_steps": args.profile_steps} if args.profile_steps else {}), **eagle)
             wait(DEPTH)
@@ -618,10 +649,10 @@ def run_bench(args) -> dict:
             never_kw["dcut_cost_table"] = os.path.join(extra["dcut_cache_dir"], "bench_table.json")
             with open(never_kw["dcut_cost_table"], "w") as f:
                 json.dump(info["cost_table"], f)
-            start(NEVER, **never_kw)
+            start(NEVER, env=packed, **never_kw)
         wait(NEVER)
         engine_of.update({m: eng for m in dcut_modes})
-        engine_of.update({n: engines[n] for n in (NO_SPEC, NEVER, ADAPTIVE, DEPTH) if n in engines})
+        engine_of.update({n: engines[n] for n in (NO_SPEC, NO_SPEC_PACKED, NEVER, ADAPTIVE, DEPTH) if n in engines})
         if ADAPTIVE in engines:
             adaptive["server"] = {k: engines[ADAPTIVE].get_server_info().get(k) for k in
                                   ("speculative_adaptive", "speculative_num_steps", "speculative_num_draft_tokens",
@@ -649,7 +680,69 @@ def run_bench(args) -> dict:
                   if m in engine_of}
     finally:
         _shutdown_all(engines)
+    return _result(args, results, info, online, startup, extra, adaptive, target, draft, kind)
 
+
+def _run_sequential(args, start, engines, prompts, dcut_kw, never_kw, extra, packed, dcut_modes) -> tuple:
+    """``--sequential``: one engine up at a time (hosts without memory for several copies of the
+    models): each engine is started, measured at every batch size and repeat, and shut down before
+    the next starts. The ratios then pair repeat i of each engine, taken minutes apart."""
+    if not args.skip_adaptive or not getattr(args, "skip_depth", True):
+        print("  --sequential: SGLang's adaptive engine and D-Cut's depth mode are not run", flush=True)
+    args.skip_adaptive = args.skip_depth = True
+    results: Dict[str, Dict[int, dict]] = {}
+
+    def measure_alone(name, modes, set_mode=None, stats=None, prime=()):
+        engines[name].wait_ready()
+        results.update(_measure({m: engines[name] for m in modes}, prompts, args.bs_list, args, modes=list(modes),
+                                set_mode=set_mode, stats=stats, prime=prime))
+
+    def stop(name):
+        engines.pop(name).shutdown()
+
+    if not args.skip_no_spec:
+        start(NO_SPEC, env={PACKED_ENV: "0"} if packed else None)
+        measure_alone(NO_SPEC, [NO_SPEC])
+        stop(NO_SPEC)
+        if packed:
+            start(NO_SPEC_PACKED, env=packed)
+            measure_alone(NO_SPEC_PACKED, [NO_SPEC_PACKED])
+            stop(NO_SPEC_PACKED)
+    t0 = time.perf_counter()
+    start("dcut", env=packed, **dcut_kw)
+    engines["dcut"].wait_ready()
+    startup = time.perf_counter() - t0
+    eng = engines["dcut"]
+    print(f"  {args.algorithm} --dcut auto engine up in {startup:.1f} s", flush=True)
+    info = eng.client("dcut_info")
+    _say_table(info)
+
+    def set_mode(m):
+        assert eng.client("set_force_ratio", MODE_RATIO.get(m, 0.0)), f"server refused dcut_force_ratio for {m}"
+        if OFF in dcut_modes:
+            assert eng.client("set_force_draft_off", int(m == OFF)), f"server refused dcut_force_draft_off for {m}"
+
+    def stats_of(e):
+        return lambda m: _stats_with_calibration(e.client("dcut_states")[0])
+
+    modes = [m for m in ALL_MODES if m in dcut_modes]
+    measure_alone("dcut", modes, set_mode=set_mode, stats=stats_of(eng), prime=() if args.no_timing else modes)
+    online = {"auto": eng.client("dcut_states")[0].get("online_costs")}
+    stop("dcut")
+    if not args.skip_never:
+        never_kw["dcut_cost_table"] = os.path.join(extra["dcut_cache_dir"], "bench_table.json")
+        with open(never_kw["dcut_cost_table"], "w") as f:
+            json.dump(info["cost_table"], f)
+        start(NEVER, env=packed, **never_kw)
+        never = engines[NEVER]
+        measure_alone(NEVER, [NEVER], stats=stats_of(never), prime=() if args.no_timing else [NEVER])
+        online[NEVER] = never.client("dcut_states")[0].get("online_costs")
+        stop(NEVER)
+    return results, info, online, startup
+
+
+def _result(args, results, info, online, startup, extra, adaptive, target, draft, kind) -> dict:
+    """The saved result of one engine run (side by side or ``--sequential``)."""
     ref = "full" if "full" in results else NO_SPEC
     lossless = {m: all(results[m][bs]["ids"] == results[ref][bs]["ids"] and not results[m][bs].get("repeat_differs")
                        for bs in args.bs_list) for m in results}
@@ -683,7 +776,7 @@ def _apply_modes(args) -> tuple:
     >>> _apply_modes(argparse.Namespace(modes="auto,fast", skip_no_spec=False, skip_never=False,
     ...                                 skip_adaptive=False))
     Traceback (most recent call last):
-    SystemExit: --modes: unknown mode 'fast' (known: no-spec, off, full, r0.25, r0.5, r0.75, auto-never, auto, auto-depth, adaptive)
+    SystemExit: --modes: unknown mode 'fast' (known: no-spec, no-spec-packed, off, full, r0.25, r0.5, r0.75, auto-never, auto, auto-depth, adaptive)
     """
     if not args.modes:
         return MODES
@@ -976,7 +1069,8 @@ RATIOS = (("auto/full", "auto", "full"), ("auto/best", "auto", "best"), ("best/f
           ("auto/peak", "auto", "peak"), ("auto/never", "auto", NEVER), ("never/peak", NEVER, "peak"),
           ("auto/adaptive", "auto", ADAPTIVE), ("adaptive/peak", ADAPTIVE, "peak"),
           ("depth/adaptive", DEPTH, ADAPTIVE), (f"depth/{NO_SPEC.replace('-', '')}", DEPTH, NO_SPEC),
-          ("depth/peak", DEPTH, "peak"), (f"off/{NO_SPEC.replace('-', '')}", OFF, NO_SPEC))
+          ("depth/peak", DEPTH, "peak"), (f"off/{NO_SPEC.replace('-', '')}", OFF, NO_SPEC),
+          ("nospecpacked/nospec", NO_SPEC_PACKED, NO_SPEC))
 
 
 def ratios_of(tps: Dict[str, float], fixed: List[str]) -> Dict[str, float]:
@@ -992,7 +1086,7 @@ def ratios_of(tps: Dict[str, float], fixed: List[str]) -> Dict[str, float]:
     v = dict(tps)
     if fixed and all(v.get(m) for m in fixed):
         v["best"] = max(v[m] for m in fixed)
-    peak = [v[m] for m in (NO_SPEC, "full", *fixed) if v.get(m)]
+    peak = [v[m] for m in (NO_SPEC, NO_SPEC_PACKED, "full", *fixed) if v.get(m)]
     if "full" in v and fixed:
         v["peak"] = max(peak)
     return {name: v[a] / v[b] for name, a, b in RATIOS if v.get(a) and v.get(b)}

@@ -225,3 +225,29 @@ def test_chain_all_peers_with_a_fresh_profile(tmp_path):
     printed = _check_printed_ratios(out, res)
     assert float(printed["auto/peak"]) > 0 and float(printed["auto/adaptive"]) > 0
     assert float(printed["depth/adaptive"]) > 0
+
+
+def test_sequential_packed_gemm_run(tmp_path):
+    """``--sequential --packed-gemm 4 --modes no-spec,full,auto`` on the 4-token chain: one engine at a
+    time (no-spec, no-spec-packed, the D-Cut engine), each lossless against no speculation; the packed
+    engines really ran blocked GEMMs is checked by tests/integration/test_cpu_packed_gemm_engine.py,
+    here the bench's bookkeeping: the modes measured, the nospecpacked/nospec ratio printed and saved."""
+    _skip_without_models()
+    table = tmp_path / "table4.json"
+    from sglang_ext.dcut import CostTable, CostTableKey
+
+    key = CostTableKey("hand-written", "hand-written", "cpu", 1, "float32", 4, 1, 3, "torch_sdpa", 64, "0.5.23", "test")
+    CostTable.build(key, [1, 4], [[10, 20, 30, 40], [12, 24, 36, 48]], tiers=(0.25, 0.5, 0.75, 1.0),
+                    off_ms=[50, 60]).save(str(table))
+    args = ["--num-steps", "3", "--topk", "1", "--num-draft-tokens", "4", "--modes", "no-spec,full,auto",
+            "--sequential", "--packed-gemm", "4", "--cost-table", str(table), "--cache-dir", str(tmp_path / "cache")]
+    out, res, _ = _bench(tmp_path, "sequential", args)
+    assert sorted(res["tok_s"]) == ["auto", "full", "no-spec", "no-spec-packed"], res["tok_s"]
+    assert res["lossless_vs_full"] == {m: True for m in res["tok_s"]}, res["lossless_vs_full"]
+    assert res["adaptive"]["status"] == "n/a" and "--sequential" in res["adaptive"]["reason"]
+    assert res["settings"]["packed_gemm"] == 4 and res["settings"]["sequential"]
+    runs = {m: v[str(BS)][0] for m, v in res["tok_s_runs"].items()}
+    want = runs["no-spec-packed"] / runs["no-spec"]
+    assert res["paired_ratios"][str(BS)]["nospecpacked/nospec"] == pytest.approx(want)
+    assert abs(float(_printed(out, "paired ratios")["nospecpacked/nospec"]) - want) <= 0.0051
+    assert res["dcut"]["full"][str(BS)]["steps"] > 0

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from sglang_ext.engine.cpu.packed_gemm import (
     ENV_MAX_ROWS,
+    ENV_MIN_ROWS,
     ENV_ROWS,
     PackedGemmSettings,
     PackedLinearCache,
@@ -23,14 +24,17 @@ def test_settings_parse_and_refuse_bad_values():
     assert settings_from_env({}) == PackedGemmSettings()
     assert not settings_from_env({ENV_ROWS: "0"}).enabled
     s = settings_from_env({ENV_ROWS: "4"})
-    assert s.enabled and s.rows == 4 and s.max_rows == 16
-    assert settings_from_env({ENV_ROWS: " 8 ", ENV_MAX_ROWS: "24"}) == PackedGemmSettings(8, 24)
+    assert s.enabled and s.rows == 4 and s.max_rows == 16 and s.min_rows == 4
+    assert settings_from_env({ENV_ROWS: " 8 ", ENV_MAX_ROWS: "24", ENV_MIN_ROWS: "2"}) == PackedGemmSettings(8, 24, 2)
     with pytest.raises(ValueError, match=ENV_ROWS):
         settings_from_env({ENV_ROWS: "four"})
     with pytest.raises(ValueError, match=ENV_ROWS):
         settings_from_env({ENV_ROWS: "-1"})
     with pytest.raises(ValueError, match=ENV_MAX_ROWS):
         settings_from_env({ENV_ROWS: "8", ENV_MAX_ROWS: "4"})
+    for bad in ("0", "17"):
+        with pytest.raises(ValueError, match=ENV_MIN_ROWS):
+            settings_from_env({ENV_ROWS: "4", ENV_MIN_ROWS: bad})
 
 
 @needs_mkl
@@ -57,9 +61,13 @@ def test_blocked_rows_are_independent_of_the_batch_and_match_f_linear(rows):
 @needs_mkl
 def test_cache_routes_by_rows_dtype_and_grad_and_repacks_a_modified_weight():
     lin = torch.nn.Linear(64, 48)
-    cache = PackedLinearCache(PackedGemmSettings(rows=4, max_rows=8))
+    cache = PackedLinearCache(PackedGemmSettings(rows=4, max_rows=8, min_rows=2))
     x = torch.randn(10, 64)
     with torch.no_grad():
+        one = cache.linear(lin, x[:1], lin.weight, lin.bias)  # 1 row < min_rows: F.linear
+        assert cache.fallback_calls == 1 and cache.blocked_calls == 0 and cache.packed_layers == 0
+        assert torch.equal(one, F.linear(x[:1], lin.weight, lin.bias))
+        cache.fallback_calls = 0
         out = cache.linear(lin, x[:3], lin.weight, lin.bias)
         assert cache.blocked_calls == 1 and cache.packed_layers == 1
         torch.testing.assert_close(out, lin(x[:3]), rtol=1e-5, atol=1e-5)

@@ -7,18 +7,19 @@ extra step the draft was meant to save. MKL's packed GEMM (``torch.ops.mkl._mkl_
 + ``torch.ops.mkl._mkl_linear``) reorders the weight once for a fixed row count ``P``; at exactly ``P``
 rows it runs at close to the one-row price.
 
-What: every input of ``m <= max_rows`` rows is computed in blocks of exactly ``P`` rows (the last
-one zero-padded) against the weight packed for ``P``. Besides the speed this makes the result of
-a row independent of how many rows share the call (a row's output depends only on that row: the
-padding rows are separate rows of the GEMM, and every block runs the same kernel), so a token's
-logits are bit-identical whether it is decoded alone or verified among drafts -- plain ``F.linear``
-does not have that property (its first row at ``m = 2`` differs from ``m = 1`` in the last bits).
-Inputs of more rows (prefill chunks, large batches) use ``F.linear``, where a larger GEMM is
-already efficient.
+What: every input of ``min_rows <= m <= max_rows`` rows is computed in blocks of exactly ``P``
+rows (the last one zero-padded) against the weight packed for ``P``. Fewer rows (a decode step at
+batch size 1, a one-row draft step) keep ``F.linear``, which is cheaper there than a padded block;
+more rows (prefill chunks, large batches) too, where a larger GEMM is already efficient. Within
+the blocked path a row's result does not depend on how many rows share the call (a row's output
+depends only on that row: padding rows are separate rows of the GEMM, and every block runs the
+same kernel); with ``min_rows = 1`` that holds for every small input, so a token's logits are
+bit-identical whether it is decoded alone or verified among drafts -- plain ``F.linear`` does not
+have that property (its first row at ``m = 2`` differs from ``m = 1`` in the last bits).
 
 Switched on per process by ``SGLANG_EXT_CPU_PACKED_GEMM=P`` (``P`` rows per block; unset or 0:
-off); ``SGLANG_EXT_CPU_PACKED_GEMM_MAX_ROWS`` (default ``DEFAULT_MAX_BLOCKS * P``) bounds the
-blocked path. fp32 weights only (MKL's packed sgemm); other dtypes and non-CPU tensors keep
+off); ``SGLANG_EXT_CPU_PACKED_GEMM_MIN_ROWS`` (default ``P``) and ``..._MAX_ROWS`` (default
+``DEFAULT_MAX_BLOCKS * P``) bound the blocked path. fp32 weights only (MKL's packed sgemm); other dtypes and non-CPU tensors keep
 ``F.linear``. The packed copy is kept beside the original weight (about 1.24x its size: memory
 for the weights roughly 2.2x) and is rebuilt when the weight is modified in place. Pure torch:
 no SGLang import (the glue is in :mod:`sglang_ext.engine.cpu.packed_gemm_hooks`).
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 logger = logging.getLogger(__name__)
 
 ENV_ROWS = "SGLANG_EXT_CPU_PACKED_GEMM"
+ENV_MIN_ROWS = "SGLANG_EXT_CPU_PACKED_GEMM_MIN_ROWS"
 ENV_MAX_ROWS = "SGLANG_EXT_CPU_PACKED_GEMM_MAX_ROWS"
 PACKED_OFF = 0
 """``rows`` of the switched-off setting."""
@@ -50,6 +52,7 @@ class PackedGemmSettings:
 
     rows: int = PACKED_OFF  # rows per block (P); PACKED_OFF = off
     max_rows: int = 0  # inputs with more rows use F.linear
+    min_rows: int = 0  # inputs with fewer rows use F.linear
 
     @property
     def enabled(self) -> bool:
@@ -57,14 +60,16 @@ class PackedGemmSettings:
 
 
 def settings_from_env(env: Optional[Mapping[str, str]] = None) -> PackedGemmSettings:
-    """Read :data:`ENV_ROWS` / :data:`ENV_MAX_ROWS`; ValueError names the variable on a bad value.
+    """Read :data:`ENV_ROWS`, :data:`ENV_MIN_ROWS`, :data:`ENV_MAX_ROWS`; ValueError names the
+    variable on a bad value.
 
     Examples
     --------
     >>> settings_from_env({}), settings_from_env({"SGLANG_EXT_CPU_PACKED_GEMM": "4"})
-    (PackedGemmSettings(rows=0, max_rows=0), PackedGemmSettings(rows=4, max_rows=16))
-    >>> settings_from_env({"SGLANG_EXT_CPU_PACKED_GEMM": "8", "SGLANG_EXT_CPU_PACKED_GEMM_MAX_ROWS": "8"})
-    PackedGemmSettings(rows=8, max_rows=8)
+    (PackedGemmSettings(rows=0, max_rows=0, min_rows=0), PackedGemmSettings(rows=4, max_rows=16, min_rows=4))
+    >>> settings_from_env({"SGLANG_EXT_CPU_PACKED_GEMM": "8", "SGLANG_EXT_CPU_PACKED_GEMM_MAX_ROWS": "8",
+    ...                    "SGLANG_EXT_CPU_PACKED_GEMM_MIN_ROWS": "1"})
+    PackedGemmSettings(rows=8, max_rows=8, min_rows=1)
     """
     env = os.environ if env is None else env
     rows = _int_var(env, ENV_ROWS, str(PACKED_OFF))
@@ -75,7 +80,10 @@ def settings_from_env(env: Optional[Mapping[str, str]] = None) -> PackedGemmSett
     max_rows = _int_var(env, ENV_MAX_ROWS, str(DEFAULT_MAX_BLOCKS * rows))
     if max_rows < rows:
         raise ValueError(f"{ENV_MAX_ROWS}: must be >= {ENV_ROWS} ({rows}), got {max_rows}")
-    return PackedGemmSettings(rows=rows, max_rows=max_rows)
+    min_rows = _int_var(env, ENV_MIN_ROWS, str(rows))
+    if not 1 <= min_rows <= max_rows:
+        raise ValueError(f"{ENV_MIN_ROWS}: must be in [1, {ENV_MAX_ROWS} ({max_rows})], got {min_rows}")
+    return PackedGemmSettings(rows=rows, max_rows=max_rows, min_rows=min_rows)
 
 
 def _int_var(env: Mapping[str, str], name: str, default: str) -> int:
@@ -192,8 +200,8 @@ class PackedLinearCache:
         setattr(module, self.MODULE_ATTR, pw)
         self.packed_layers += 1
         if self.packed_layers == 1:
-            logger.info("sglang_ext: packed GEMM on for fp32 CPU linear layers: blocks of %d rows, up to %d rows",
-                        self.settings.rows, self.settings.max_rows)
+            logger.info("sglang_ext: packed GEMM on for fp32 CPU linear layers: blocks of %d rows, for %d to %d rows",
+                        self.settings.rows, self.settings.min_rows, self.settings.max_rows)
         return pw
 
     def linear(
@@ -204,9 +212,9 @@ class PackedLinearCache:
         bias: Optional[torch.Tensor] = None,  # [out_features]
     ) -> torch.Tensor:  # [..., out_features]
         """``F.linear(x, weight, bias)``, through :func:`blocked_linear` when the input has at most
-        ``max_rows`` rows, dtype and device fit and the weight can be packed."""
+        ``min_rows .. max_rows`` rows, dtype and device fit and the weight can be packed."""
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (0 < rows <= self.settings.max_rows and x.dtype == torch.float32 and x.device.type == "cpu"
+        if (self.settings.min_rows <= rows <= self.settings.max_rows and rows > 0 and x.dtype == torch.float32 and x.device.type == "cpu"
                 and not torch.is_grad_enabled()):
             pw = self.packed_for(module, weight)
             if pw is not None:

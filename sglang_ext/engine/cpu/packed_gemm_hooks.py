@@ -10,7 +10,7 @@ Two AROUND hooks, registered only when ``SGLANG_EXT_CPU_PACKED_GEMM`` is set (pa
 
 Anything else (other dtypes, GPU tensors, more rows than the bound) goes to SGLang's own code.
 An AFTER hook on ``Scheduler.get_internal_state`` puts the counters in ``/server_info``
-(``internal_states[i]["cpu_packed_gemm"]``: rows, max_rows, packed_layers, blocked_calls,
+(``internal_states[i]["cpu_packed_gemm"]``: rows, min_rows, max_rows, packed_layers, blocked_calls,
 fallback_calls).
 """
 
@@ -63,7 +63,7 @@ def _around_compute_lm_head(original_fn, self, hidden_states, lm_head, embedding
 
 def server_info(c: PackedLinearCache) -> dict:
     """The counters shown in ``/server_info`` under :data:`SERVER_INFO_KEY`."""
-    return {"rows": c.settings.rows, "max_rows": c.settings.max_rows, "packed_layers": c.packed_layers,
+    return {"rows": c.settings.rows, "min_rows": c.settings.min_rows, "max_rows": c.settings.max_rows, "packed_layers": c.packed_layers,
             "blocked_calls": c.blocked_calls, "fallback_calls": c.fallback_calls}
 
 
