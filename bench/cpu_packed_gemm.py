@@ -6,8 +6,9 @@ QKV, output, gate+up, down per layer, times the layers, plus the LM head -- at 1
 12 and 16 input rows, with fp32 ``F.linear`` (what SGLang runs) and with
 ``sglang_ext.engine.cpu.packed_gemm.blocked_linear`` in blocks of P rows for each ``--rows`` P.
 Random weights of the model's shapes (no checkpoint is read: the timing depends only on the
-shapes); each shape's weights are allocated once and the median of ``--reps`` calls is kept, so
-the weights stream from memory as in a forward (larger than the caches). Printed: ms per forward
+shapes), one set per layer as in the model, run in a forward's order, so the weights stream from
+memory as in a serving engine; the median of ``--reps`` such sweeps is kept. Memory: the model's
+fp32 weights plus one packed copy (about 2.2x the weights). Printed: ms per forward
 and the ratio to one row of ``F.linear`` (a verify of k rows "at decode's price" is a ratio near 1).
 
 Run (2 threads, as the engines of bench/dcut_throughput.py with OMP_NUM_THREADS=2)::
@@ -62,27 +63,36 @@ def _median_ms(fn, reps: int) -> float:
 
 
 def measure(cfg: dict, rows_list: List[int], reps: int) -> dict:
-    """``{"F.linear": {m: ms}, "packed<P>": {m: ms}}`` per forward (sum over the shapes)."""
+    """``{"F.linear": {m: ms}, "packed<P>": {m: ms}}`` of one forward's linear layers.
+
+    Every layer gets weights of its own (as in the model: a forward streams all of them from
+    memory, nothing stays in the caches), and one timed call runs them in a forward's order."""
     import torch
     import torch.nn.functional as F
 
     from sglang_ext.engine.cpu.packed_gemm import blocked_linear, pack_weight
 
-    out: Dict[str, Dict[int, float]] = {"F.linear": {m: 0.0 for m in ROW_COUNTS}}
-    out.update({f"packed{p}": {m: 0.0 for m in ROW_COUNTS} for p in rows_list})
     g = torch.Generator().manual_seed(0)
+    shapes = linear_shapes(cfg)
+    layers = cfg["num_hidden_layers"]
+    # per layer, in a forward's order: (name, weight); the LM head last
+    order = [(name, layer) for layer in range(layers) for name in ("qkv", "o", "gate_up", "down")] + [("lm_head", 0)]
+    weights = {(name, i): torch.randn(shapes[name][0], shapes[name][1], generator=g) * 0.02 for name, i in order}
+    xs = {name: torch.randn(max(ROW_COUNTS), n_in, generator=g) for name, (_, n_in, _) in shapes.items()}
+    out: Dict[str, Dict[int, float]] = {"F.linear": {}}
+
+    def sweep(fn, m):
+        for key in order:
+            fn(xs[key[0]][:m], key)
+
     with torch.no_grad():
-        for name, (n_out, n_in, count) in linear_shapes(cfg).items():
-            w = torch.randn(n_out, n_in, generator=g) * 0.02
-            x = torch.randn(max(ROW_COUNTS), n_in, generator=g)
-            for m in ROW_COUNTS:
-                out["F.linear"][m] += count * _median_ms(lambda: F.linear(x[:m], w), reps)
-            for p in rows_list:
-                pw = pack_weight(w, p)
-                for m in ROW_COUNTS:
-                    out[f"packed{p}"][m] += count * _median_ms(lambda: blocked_linear(x[:m], pw), reps)
-                pw = None  # free the packed copy before the next one
-            w = pw = None
+        for m in ROW_COUNTS:
+            out["F.linear"][m] = _median_ms(lambda: sweep(lambda x, k: F.linear(x, weights[k]), m), reps)
+        for p in rows_list:
+            packed = {k: pack_weight(w, p) for k, w in weights.items()}
+            out[f"packed{p}"] = {m: _median_ms(lambda: sweep(lambda x, k: blocked_linear(x, packed[k]), m), reps)
+                                 for m in ROW_COUNTS}
+            packed = None  # free this P's copies before the next
     return out
 
 
@@ -91,7 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", required=True, help="model directories, comma-separated")
     p.add_argument("--rows", default="4,8", help="P of the packed variants, comma-separated")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     import torch

@@ -1,10 +1,11 @@
 """The row-blocked packed GEMM (``SGLANG_EXT_CPU_PACKED_GEMM``) in real SGLang on the CPU testbed.
 
 Trained testbed target + EAGLE3 draft, held-out problems, greedy, 64 new tokens, 8 requests at once.
-Two engines with ``SGLANG_EXT_CPU_PACKED_GEMM=4`` (blocks of 4 rows, up to 16 rows): no speculation,
-and the EAGLE3 chain (3 steps, 4 draft tokens) with ``--dcut`` switched between full verification
-and tier 0.5 -- a verify of up to 4 x 8 = 32 rows, so blocked calls (<= 16 rows) and ``F.linear``
-fallbacks (prefill, the 32-row verify) both occur. Checks: every output equals the packed
+Two engines with ``SGLANG_EXT_CPU_PACKED_GEMM=4`` and ``..._MIN_ROWS=1``, ``..._MAX_ROWS=16``
+(blocks of 4 rows for 1 to 16 rows: the batch-invariant setting): no speculation, and the EAGLE3
+chain (3 steps, 4 draft tokens) with ``--dcut`` switched between full verification and tier 0.5 --
+a verify of up to 4 x 8 = 32 rows, so blocked calls (<= 16 rows) and ``F.linear`` fallbacks
+(prefill, the 32-row verify) both occur. Checks: every output equals the packed
 no-speculation output token for token; ``/server_info`` shows the layers packed and the blocked
 calls; the packed outputs equal the unpacked engine's (the testbed's shapes round alike).
 
@@ -21,7 +22,7 @@ from engine_utils import make_engine
 from trained_models import MODELS, requires_trained_models
 from trained_models import held_out_prompts as _prompts
 
-from sglang_ext.engine.cpu.packed_gemm import ENV_ROWS, mkl_packed_available
+from sglang_ext.engine.cpu.packed_gemm import ENV_MAX_ROWS, ENV_MIN_ROWS, ENV_ROWS, mkl_packed_available
 from sglang_ext.engine.cpu.packed_gemm_hooks import SERVER_INFO_KEY
 
 pytestmark = [requires_trained_models,
@@ -31,20 +32,25 @@ MAX_NEW = 64
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
 
 
+PACKED_ENV = {ENV_ROWS: "4", ENV_MIN_ROWS: "1", ENV_MAX_ROWS: "16"}
+
+
 def _engine(packed: bool, **kw):
-    old = os.environ.get(ENV_ROWS)
-    if packed:
-        os.environ[ENV_ROWS] = "4"  # read by the plugin in each SGLang process at start-up
-    else:
-        os.environ.pop(ENV_ROWS, None)
+    old = {k: os.environ.get(k) for k in PACKED_ENV}
+    for k, v in PACKED_ENV.items():  # read by the plugin in each SGLang process at start-up
+        if packed:
+            os.environ[k] = v
+        else:
+            os.environ.pop(k, None)
     try:
         return make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa", max_total_tokens=16384,
                            max_running_requests=16, **kw)
     finally:
-        if old is None:
-            os.environ.pop(ENV_ROWS, None)
-        else:
-            os.environ[ENV_ROWS] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _packed_info(eng):
@@ -70,7 +76,7 @@ def test_packed_gemm_is_lossless_under_speculation_and_tiers(tmp_path):
     try:
         ref = _ids(eng, prompts)
         info = _packed_info(eng)
-        assert info["rows"] == 4 and info["max_rows"] == 16
+        assert info["rows"] == 4 and info["min_rows"] == 1 and info["max_rows"] == 16
         assert info["packed_layers"] > 0 and info["blocked_calls"] > 0 and info["fallback_calls"] > 0, info
     finally:
         eng.shutdown()

@@ -24,7 +24,7 @@ def test_settings_parse_and_refuse_bad_values():
     assert settings_from_env({}) == PackedGemmSettings()
     assert not settings_from_env({ENV_ROWS: "0"}).enabled
     s = settings_from_env({ENV_ROWS: "4"})
-    assert s.enabled and s.rows == 4 and s.max_rows == 16 and s.min_rows == 4
+    assert s.enabled and s.rows == 4 and s.max_rows == 4 and s.min_rows == 4
     assert settings_from_env({ENV_ROWS: " 8 ", ENV_MAX_ROWS: "24", ENV_MIN_ROWS: "2"}) == PackedGemmSettings(8, 24, 2)
     with pytest.raises(ValueError, match=ENV_ROWS):
         settings_from_env({ENV_ROWS: "four"})

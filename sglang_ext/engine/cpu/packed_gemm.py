@@ -7,8 +7,8 @@ extra step the draft was meant to save. MKL's packed GEMM (``torch.ops.mkl._mkl_
 + ``torch.ops.mkl._mkl_linear``) reorders the weight once for a fixed row count ``P``; at exactly ``P``
 rows it runs at close to the one-row price.
 
-What: every input of ``min_rows <= m <= max_rows`` rows is computed in blocks of exactly ``P``
-rows (the last one zero-padded) against the weight packed for ``P``. Fewer rows (a decode step at
+What: every input of ``min_rows <= m <= max_rows`` rows (default: exactly ``P``) is computed in
+blocks of exactly ``P`` rows (the last one zero-padded) against the weight packed for ``P``. Fewer rows (a decode step at
 batch size 1, a one-row draft step) keep ``F.linear``, which is cheaper there than a padded block;
 more rows (prefill chunks, large batches) too, where a larger GEMM is already efficient. Within
 the blocked path a row's result does not depend on how many rows share the call (a row's output
@@ -42,8 +42,9 @@ ENV_MIN_ROWS = "SGLANG_EXT_CPU_PACKED_GEMM_MIN_ROWS"
 ENV_MAX_ROWS = "SGLANG_EXT_CPU_PACKED_GEMM_MAX_ROWS"
 PACKED_OFF = 0
 """``rows`` of the switched-off setting."""
-DEFAULT_MAX_BLOCKS = 4
-"""Default bound of the blocked path, in blocks: ``max_rows = DEFAULT_MAX_BLOCKS * rows``."""
+DEFAULT_MAX_BLOCKS = 1
+"""Default bound of the blocked path, in blocks: ``max_rows = DEFAULT_MAX_BLOCKS * rows``. Two
+blocks cost about twice one (bench/cpu_packed_gemm.py), no less than ``F.linear`` of as many rows."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def settings_from_env(env: Optional[Mapping[str, str]] = None) -> PackedGemmSett
     Examples
     --------
     >>> settings_from_env({}), settings_from_env({"SGLANG_EXT_CPU_PACKED_GEMM": "4"})
-    (PackedGemmSettings(rows=0, max_rows=0, min_rows=0), PackedGemmSettings(rows=4, max_rows=16, min_rows=4))
+    (PackedGemmSettings(rows=0, max_rows=0, min_rows=0), PackedGemmSettings(rows=4, max_rows=4, min_rows=4))
     >>> settings_from_env({"SGLANG_EXT_CPU_PACKED_GEMM": "8", "SGLANG_EXT_CPU_PACKED_GEMM_MAX_ROWS": "8",
     ...                    "SGLANG_EXT_CPU_PACKED_GEMM_MIN_ROWS": "1"})
     PackedGemmSettings(rows=8, max_rows=8, min_rows=1)
