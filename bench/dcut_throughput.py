@@ -593,17 +593,10 @@ def run_bench(args) -> dict:
     packed = {PACKED_ENV: str(args.packed_gemm)} if getattr(args, "packed_gemm", 0) else {}
 
     def start(name, env=None, **kw):
-        # the engine's processes read the environment when they start (spawned below)
-        saved = {k: os.environ.get(k) for k in (env or {})}
-        os.environ.update(env or {})
-        try:
+        from sglang_ext.envutil import environ
+
+        with environ(env or {}):  # the engine's processes read the environment when they start
             engines[name] = EngineProcess(name, target, args, wait=False, **kw)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     def wait(*names):
         for n in names:

@@ -19,6 +19,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
+from sglang_ext.envutil import environ
+
 #: Architectures the converted directory may declare (Llama- and Qwen2-family checkpoints).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 #: GGUF ``model_type`` -> architecture, for configs that name none.
@@ -32,18 +34,8 @@ class ConversionError(Exception):
 @contextmanager
 def hub_offline() -> Iterator[None]:
     """Set ``HF_HUB_OFFLINE=1`` (and transformers' twin) for the block."""
-    keys = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    old = {k: os.environ.get(k) for k in keys}
-    for k in keys:
-        os.environ[k] = "1"
-    try:
+    with environ({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}):
         yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def convert_gguf(gguf_path: str, out_dir: str, fallback_chat_template: Optional[str] = None,

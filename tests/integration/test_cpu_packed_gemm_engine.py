@@ -24,6 +24,7 @@ from trained_models import held_out_prompts as _prompts
 
 from sglang_ext.engine.cpu.packed_gemm import ENV_MAX_ROWS, ENV_MIN_ROWS, ENV_ROWS, mkl_packed_available
 from sglang_ext.engine.cpu.packed_gemm_hooks import SERVER_INFO_KEY
+from sglang_ext.envutil import environ
 
 pytestmark = [requires_trained_models,
               pytest.mark.skipif(not mkl_packed_available(), reason="torch without MKL packed GEMM")]
@@ -36,21 +37,10 @@ PACKED_ENV = {ENV_ROWS: "4", ENV_MIN_ROWS: "1", ENV_MAX_ROWS: "16"}
 
 
 def _engine(packed: bool, **kw):
-    old = {k: os.environ.get(k) for k in PACKED_ENV}
-    for k, v in PACKED_ENV.items():  # read by the plugin in each SGLang process at start-up
-        if packed:
-            os.environ[k] = v
-        else:
-            os.environ.pop(k, None)
-    try:
+    # read by the plugin in each SGLang process at start-up
+    with environ({k: (v if packed else None) for k, v in PACKED_ENV.items()}):
         return make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa", max_total_tokens=16384,
                            max_running_requests=16, **kw)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _packed_info(eng):

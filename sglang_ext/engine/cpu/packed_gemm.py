@@ -212,10 +212,11 @@ class PackedLinearCache:
         weight: torch.Tensor,  # [out_features, in_features]
         bias: Optional[torch.Tensor] = None,  # [out_features]
     ) -> torch.Tensor:  # [..., out_features]
-        """``F.linear(x, weight, bias)``, through :func:`blocked_linear` when the input has at most
-        ``min_rows .. max_rows`` rows, dtype and device fit and the weight can be packed."""
+        """``F.linear(x, weight, bias)``, through :func:`blocked_linear` when the input has
+        ``min_rows`` to ``max_rows`` rows, is fp32 on CPU outside autograd and the weight can be packed."""
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (self.settings.min_rows <= rows <= self.settings.max_rows and rows > 0 and x.dtype == torch.float32 and x.device.type == "cpu"
+        s = self.settings
+        if (0 < rows and s.min_rows <= rows <= s.max_rows and x.dtype == torch.float32 and x.device.type == "cpu"
                 and not torch.is_grad_enabled()):
             pw = self.packed_for(module, weight)
             if pw is not None:
