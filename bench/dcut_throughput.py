@@ -38,6 +38,14 @@ that table from a file. Every mode's output is checked token for token against t
 output (lossless; ``no-spec`` and ``adaptive`` included). SpecExit is not launched (all modes
 decode the same tokens).
 
+On CPU: ``--packed-gemm P`` runs the D-Cut engines with the backend's packed GEMM for P-row inputs
+(``SGLANG_EXT_CPU_PACKED_GEMM=P``) and adds ``no-spec-packed`` (plain decoding with it) beside
+``no-spec`` (without); ``--no-spec-sync`` adds ``no-spec-sync``, plain decoding without SGLang's
+overlap scheduler (which SGLang does not run for speculative decoding on CPU); ``--sequential``
+keeps one engine up at a time (each measured at every batch size and repeat, then shut down: for
+models whose engines do not fit in memory together; only no-spec, the D-Cut engine and
+auto-never; the repeats it pairs were taken minutes apart).
+
 Printed: a table of tok/s (``adaptive`` ``n/a`` with the reason where SGLang does not support the
 shape), then the ratios per batch size, of the best-of-repeats tok/s and paired (median over
 repeats of the ratio within one repeat): ``auto/full``, ``auto/best`` (best = the fastest fixed tier
@@ -107,6 +115,10 @@ NO_SPEC = "no-spec"
 #: ``--packed-gemm P``: the project's speculative engines run with the CPU backend's row-blocked packed
 #: GEMM (SGLANG_EXT_CPU_PACKED_GEMM=P); this engine is plain decoding with it, ``no-spec`` without it
 NO_SPEC_PACKED = "no-spec-packed"
+#: ``--no-spec-sync``: plain decoding without SGLang's overlap scheduler, which SGLang 0.5.23 does not run
+#: for speculative decoding on CPU ("Overlap schedule is not implemented for speculative decoding on
+#: CPU"): what a speculative engine's step is compared with once that difference is taken out
+NO_SPEC_SYNC = "no-spec-sync"
 PACKED_ENV = "SGLANG_EXT_CPU_PACKED_GEMM"  # sglang_ext.engine.cpu.packed_gemm.ENV_ROWS (not imported: no torch yet)
 #: the D-Cut engine with every decode step draft-off (``dcut_force_draft_off`` 1): what a draft-off
 #: step costs against a plain decode step (``off/nospec``); measured only when ``--modes`` names it
@@ -114,7 +126,7 @@ OFF = "off"
 OPT_IN_MODES = (OFF,)
 DCUT_MODES = MODES + OPT_IN_MODES + (NEVER, DEPTH)  # the modes with D-Cut metrics
 #: printing order of every mode a result may hold
-ALL_MODES = (NO_SPEC, NO_SPEC_PACKED, OFF, "server", "full", "r0.25", "r0.5", "r0.75", NEVER, "auto", DEPTH, ADAPTIVE)
+ALL_MODES = (NO_SPEC, NO_SPEC_SYNC, NO_SPEC_PACKED, OFF, "server", "full", "r0.25", "r0.5", "r0.75", NEVER, "auto", DEPTH, ADAPTIVE)
 #: why SGLang's adaptive speculative decoding cannot run a shape (its adaptive_unsupported_reason)
 ADAPTIVE_TOPK_REASON = ("SGLang's --speculative-adaptive supports only --speculative-eagle-topk 1 "
                         "(sglang.srt.speculative.adaptive_spec_params.adaptive_unsupported_reason); this shape has "
@@ -174,6 +186,9 @@ def _parse_args(argv=None):
     p.add_argument("--out", default=os.path.join("bench", "out", "dcut_throughput.png"))
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--skip-no-spec", action="store_true")
+    p.add_argument("--no-spec-sync", action="store_true",
+                   help=f"add a plain engine without SGLang's overlap scheduler ({NO_SPEC_SYNC}; SGLang runs every "
+                        "speculative engine on CPU without it)")
     p.add_argument("--sequential", action="store_true",
                    help="one engine up at a time (each measured at every batch size and repeat, then shut down): "
                         "for models too large to keep several engines in memory; the ratios then pair runs taken "
@@ -615,13 +630,15 @@ def run_bench(args) -> dict:
             start(NO_SPEC, env={PACKED_ENV: "0"} if packed else None)
             if packed:
                 start(NO_SPEC_PACKED, env=packed)
+            if getattr(args, "no_spec_sync", False):
+                start(NO_SPEC_SYNC, env={PACKED_ENV: "0"} if packed else None, disable_overlap_schedule=True)
         if adaptive["status"] == "measured":
             start(ADAPTIVE, speculative_adaptive=True, speculative_adaptive_config=adaptive["config_path"], **eagle)
         if args.cost_table:
             start("dcut", env=packed, **dcut_kw)
             if not args.skip_never:
                 start(NEVER, env=packed, **never_kw)
-        wait(NO_SPEC, NO_SPEC_PACKED, ADAPTIVE)
+        wait(NO_SPEC, NO_SPEC_SYNC, NO_SPEC_PACKED, ADAPTIVE)
         t0 = time.perf_counter()
         if "dcut" not in engines:
             start("dcut", env=packed, **dcut_kw)
@@ -645,7 +662,8 @@ def run_bench(args) -> dict:
             start(NEVER, env=packed, **never_kw)
         wait(NEVER)
         engine_of.update({m: eng for m in dcut_modes})
-        engine_of.update({n: engines[n] for n in (NO_SPEC, NO_SPEC_PACKED, NEVER, ADAPTIVE, DEPTH) if n in engines})
+        engine_of.update({n: engines[n] for n in (NO_SPEC, NO_SPEC_SYNC, NO_SPEC_PACKED, NEVER, ADAPTIVE, DEPTH)
+                          if n in engines})
         if ADAPTIVE in engines:
             adaptive["server"] = {k: engines[ADAPTIVE].get_server_info().get(k) for k in
                                   ("speculative_adaptive", "speculative_num_steps", "speculative_num_draft_tokens",
@@ -701,6 +719,10 @@ def _run_sequential(args, start, engines, prompts, dcut_kw, never_kw, extra, pac
             start(NO_SPEC_PACKED, env=packed)
             measure_alone(NO_SPEC_PACKED, [NO_SPEC_PACKED])
             stop(NO_SPEC_PACKED)
+        if getattr(args, "no_spec_sync", False):
+            start(NO_SPEC_SYNC, env={PACKED_ENV: "0"} if packed else None, disable_overlap_schedule=True)
+            measure_alone(NO_SPEC_SYNC, [NO_SPEC_SYNC])
+            stop(NO_SPEC_SYNC)
     t0 = time.perf_counter()
     start("dcut", env=packed, **dcut_kw)
     engines["dcut"].wait_ready()
@@ -769,7 +791,7 @@ def _apply_modes(args) -> tuple:
     >>> _apply_modes(argparse.Namespace(modes="auto,fast", skip_no_spec=False, skip_never=False,
     ...                                 skip_adaptive=False))
     Traceback (most recent call last):
-    SystemExit: --modes: unknown mode 'fast' (known: no-spec, no-spec-packed, off, full, r0.25, r0.5, r0.75, auto-never, auto, auto-depth, adaptive)
+    SystemExit: --modes: unknown mode 'fast' (known: no-spec, no-spec-sync, no-spec-packed, off, full, r0.25, r0.5, r0.75, auto-never, auto, auto-depth, adaptive)
     """
     if not args.modes:
         return MODES
@@ -1063,7 +1085,8 @@ RATIOS = (("auto/full", "auto", "full"), ("auto/best", "auto", "best"), ("best/f
           ("auto/adaptive", "auto", ADAPTIVE), ("adaptive/peak", ADAPTIVE, "peak"),
           ("depth/adaptive", DEPTH, ADAPTIVE), (f"depth/{NO_SPEC.replace('-', '')}", DEPTH, NO_SPEC),
           ("depth/peak", DEPTH, "peak"), (f"off/{NO_SPEC.replace('-', '')}", OFF, NO_SPEC),
-          ("nospecpacked/nospec", NO_SPEC_PACKED, NO_SPEC))
+          ("nospecpacked/nospec", NO_SPEC_PACKED, NO_SPEC), ("nospecsync/nospec", NO_SPEC_SYNC, NO_SPEC),
+          ("auto/nospecsync", "auto", NO_SPEC_SYNC), ("off/nospecsync", OFF, NO_SPEC_SYNC))
 
 
 def ratios_of(tps: Dict[str, float], fixed: List[str]) -> Dict[str, float]:
