@@ -9,6 +9,9 @@ interrupted run resumes):
 2. ``sequences.json`` -- the target's greedy answers through SGLang (:mod:`.generate`): to
    the registry prompts (a second turn after the target's own first answer) and to
    ``--self-prompts`` questions the target writes itself (``self_prompts.json``, train only);
+   held-out prompts first, then the train prompts in the split's order (a bounded window in
+   flight), each answer appended to ``answers.partial.jsonl`` as it finishes, so an interrupted
+   run leaves (close to) a prefix of the split that drafts trained on less data reuse;
 3. ``features.pt`` -- the target's three tapped hidden states (:mod:`.features`); with
    ``--soft-targets`` also ``final_hidden.pt``, the target's final normed hidden states (the
    draft then learns the target's distribution over the draft vocabulary, not only its greedy
