@@ -53,15 +53,13 @@ async def run_in_order(n: int, after: Sequence[int], submit, window: int, on_don
         if d != NO_DEPENDENCY and not 0 <= d < i:
             raise ValueError(f"request {i} waits for {d}: only an earlier request of the call can be waited for")
     slots = asyncio.Semaphore(window)
-    finished = [asyncio.Event() for _ in range(n)]
     results: List = [None] * n
 
-    async def one(i):
+    async def one(i):  # done (with on_done run) when its task is; a failure is the task's exception
         try:
             results[i] = await submit(i)
             if on_done is not None:
                 on_done(i, results[i])
-            finished[i].set()
         finally:
             slots.release()
 
@@ -70,25 +68,13 @@ async def run_in_order(n: int, after: Sequence[int], submit, window: int, on_don
         for i in range(n):
             await slots.acquire()
             if after[i] != NO_DEPENDENCY:
-                await _wait_or_raise(finished[after[i]], tasks[after[i]])
+                await tasks[after[i]]  # its context's answer (raises that request's error)
             tasks.append(asyncio.ensure_future(one(i)))
         await asyncio.gather(*tasks)
     finally:
         for t in tasks:
             t.cancel()
     return results
-
-
-async def _wait_or_raise(event, task) -> None:
-    """Wait for ``event``; re-raise the exception of ``task`` (the request that sets it) if it fails."""
-    import asyncio
-
-    waiter = asyncio.ensure_future(event.wait())
-    await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
-    if not event.is_set():
-        waiter.cancel()
-        task.result()  # raises the failed request's exception
-        raise RuntimeError("a request finished without its result")  # pragma: no cover
 
 
 @dataclass
@@ -167,28 +153,11 @@ class TargetEngine:
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], sampling_params: Dict,
                  desc: str = "generate", progress: bool = True, on_done=None) -> List[List[int]]:
-        """Output ids of each prompt (in the order given); ``on_done(index, output_ids)`` is
-        called as each request finishes (e.g. to save progress)."""
-        import asyncio
-
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(prompt_ids), desc=desc, unit="seq", disable=not progress)
-
-        async def one(i, ids):
-            out = await self.engine.async_generate(input_ids=list(ids), sampling_params=dict(sampling_params))
-            bar.update(1)
-            if on_done is not None:
-                on_done(i, list(out["output_ids"]))
-            return list(out["output_ids"])
-
-        async def all_():
-            return await asyncio.gather(*(one(i, ids) for i, ids in enumerate(prompt_ids)))
-
-        try:
-            return self.engine.loop.run_until_complete(all_()) if prompt_ids else []
-        finally:
-            bar.close()
+        """Output ids of each prompt (in the order given), all submitted at once; ``on_done(index,
+        output_ids)`` is called as each request finishes (e.g. to save progress)."""
+        n = len(prompt_ids)
+        return self.generate_in_order(n, lambda i: prompt_ids[i], [NO_DEPENDENCY] * n, sampling_params,
+                                      window=max(n, 1), desc=desc, progress=progress, on_done=on_done)
 
     def generate_in_order(self, n: int, build_ids, after: Sequence[int], sampling_params: Dict,
                           window: int, desc: str = "generate", progress: bool = True, on_done=None) -> List[List[int]]:

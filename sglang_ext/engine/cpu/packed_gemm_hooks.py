@@ -33,11 +33,6 @@ UNQUANTIZED_HEAD_METHODS = ("UnquantizedEmbeddingMethod",)
 _cache: Optional[PackedLinearCache] = None
 
 
-def cache() -> Optional[PackedLinearCache]:
-    """This process's packed-GEMM cache (None when off)."""
-    return _cache
-
-
 def _around_linear_apply(original_fn, self, layer, x, bias=None):
     c = _cache
     if c is None:
@@ -63,7 +58,8 @@ def _around_compute_lm_head(original_fn, self, hidden_states, lm_head, embedding
 
 def server_info(c: PackedLinearCache) -> dict:
     """The counters shown in ``/server_info`` under :data:`SERVER_INFO_KEY`."""
-    return {"rows": c.settings.rows, "min_rows": c.settings.min_rows, "max_rows": c.settings.max_rows, "packed_layers": c.packed_layers,
+    s = c.settings
+    return {"rows": s.rows, "min_rows": s.min_rows, "max_rows": s.max_rows, "packed_layers": c.packed_layers,
             "blocked_calls": c.blocked_calls, "fallback_calls": c.fallback_calls}
 
 
