@@ -20,7 +20,8 @@ Run (the pool first; a point trains for minutes to hours on 2 cores, see the res
 
 Arguments after ``--`` go to every recipe run (e.g. ``--epochs 3``); the pool's split arguments
 (``--sharegpt-prompts``, ``--heldout-per-source``) are taken from the pool so every point has the
-same prompts in the same order.
+same prompts in the same order. A point reuses the features the largest smaller point in ``--runs``
+captured (its sequences are a prefix of this point's): the capture is paid once, for the largest point.
 """
 
 from __future__ import annotations
@@ -101,6 +102,31 @@ def recipe_command(target: str, answers: str, out: str, n_prompts: int, pool_arg
     return cmd + list(extra)
 
 
+def reusable_features(runs: str, budget: int) -> Optional[str]:
+    """The captured features of the largest point below ``budget`` in ``runs`` (its sequences are a
+    prefix of this point's), which the recipe then does not capture again; None when there is none.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> for b in (10, 20, 40):
+    ...     os.makedirs(os.path.join(d, f"tokens{b}"))
+    >>> open(os.path.join(d, "tokens10", "features.pt"), "w").close()
+    >>> open(os.path.join(d, "tokens40", "features.pt"), "w").close()
+    >>> os.path.relpath(reusable_features(d, 30), d), reusable_features(d, 10)
+    ('tokens10/features.pt', None)
+    """
+    best = None
+    if os.path.isdir(runs):
+        for name in os.listdir(runs):
+            path = os.path.join(runs, name, "features.pt")
+            if name.startswith("tokens") and name[6:].isdigit() and int(name[6:]) < budget and os.path.exists(path):
+                if best is None or int(name[6:]) > best[0]:
+                    best = (int(name[6:]), path)
+    return best[1] if best else None
+
+
 def _pool_args(pool: str) -> Dict[str, object]:
     """The split-defining arguments of the pool run (its ``recipe_args.json``, else the defaults)."""
     path = os.path.join(pool, "recipe_args.json")
@@ -137,6 +163,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             continue
         out = os.path.join(args.runs, f"tokens{budget}")
         cmd = recipe_command(args.target, answers_path(args.pool), out, n, pool_args, extra)
+        earlier = reusable_features(args.runs, budget)
+        if earlier and "--reuse-features" not in extra:
+            cmd += ["--reuse-features", earlier]
         t0 = time.perf_counter()
         print(f"budget {budget}: {n} train prompts -> {out}", flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT)

@@ -65,6 +65,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="answers already generated for the same target and --max-new-tokens (another run's "
                         "answers.partial.jsonl): prompts found there are not generated again (e.g. drafts "
                         "trained on prefixes of one large run's prompts, --max-train-prompts N)")
+    p.add_argument("--reuse-features", default=None, metavar="FEATURES_PT",
+                   help="features already captured by another run of the same target (its features.pt, with its "
+                        "sequences.json beside it): sequences with the same id and the same token ids at the same "
+                        "aux layers are not captured again (drafts trained on growing prefixes of one pool)")
     p.add_argument("--self-prompts", type=int, default=0,
                    help="also train on this many questions the target writes itself (sampled after its "
                         "chat template's user header; 0 = registry prompts only)")
@@ -285,6 +289,32 @@ def _load_rows(path: str, key: str, seqs, layer_ids: Optional[List[int]] = None,
     return saved[key]
 
 
+def _reusable_features(path: str, seqs, layer_ids: List[int], default_ids: List[int]) -> Dict[int, object]:
+    """``{index into seqs: feature rows}`` for every sequence of ``seqs`` whose features another run
+    captured (``path``, its ``sequences.json`` beside it): same id, same token ids, same tapped layers
+    (a file captured at other layers gives nothing)."""
+    import torch
+
+    seq_path = os.path.join(os.path.dirname(os.path.abspath(path)), "sequences.json")
+    if not os.path.exists(path) or not os.path.exists(seq_path):
+        raise SystemExit(f"error: --reuse-features {path}: needs a features.pt with its run's sequences.json beside it")
+    saved = torch.load(path, weights_only=False)
+    if list(saved.get("aux_layer_ids", default_ids)) != list(layer_ids):
+        _log(f"[features] {path} was captured at aux layer ids {saved.get('aux_layer_ids', default_ids)}, "
+             f"not {layer_ids}: nothing reused")
+        return {}
+    from sglang_ext.recipe import generate as gen_mod
+
+    tokens = {s.id: s.ids for s in gen_mod.load_sequences(seq_path)}
+    rows = {sid: (tokens.get(sid), row) for sid, row in zip(saved["ids"], saved["features"])}
+    out = {}
+    for i, s in enumerate(seqs):
+        ids, row = rows.get(s.id, (None, None))
+        if ids is not None and list(ids) == list(s.ids) and row.shape[0] == len(s.ids):
+            out[i] = row
+    return out
+
+
 def run(args: argparse.Namespace) -> str:
     import torch
 
@@ -354,9 +384,19 @@ def run(args: argparse.Namespace) -> str:
     if not os.path.exists(feat_path) or need_final:
         t0 = time.perf_counter()
         target = _load_target(args.target)
-        got = feat_mod.capture_all(target, [s.ids for s in seqs], progress=progress, with_final=args.soft_targets,
-                                   layer_ids=layer_ids)
-        feats, finals = got if args.soft_targets else (got, None)
+        reused = {}
+        if args.reuse_features and args.soft_targets:
+            _log("[features] --reuse-features ignored with --soft-targets: the final hidden states are captured "
+                 "in the same forward, so every sequence is captured")
+        elif args.reuse_features:
+            reused = _reusable_features(args.reuse_features, seqs, layer_ids, feat_mod.draft_layer_ids(num_layers))
+            _log(f"[features] {len(reused)} of {len(seqs)} sequences reused from {args.reuse_features}")
+        todo = [i for i in range(len(seqs)) if i not in reused]
+        got = feat_mod.capture_all(target, [seqs[i].ids for i in todo], progress=progress,
+                                   with_final=args.soft_targets, layer_ids=layer_ids)
+        new_feats, finals = got if args.soft_targets else (got, None)
+        fresh = dict(zip(todo, new_feats))
+        feats = [reused[i] if i in reused else fresh[i] for i in range(len(seqs))]
         ids = [s.id for s in seqs]
         if not os.path.exists(feat_path):
             _save_rows(feat_path, "features", ids, feats, layer_ids)

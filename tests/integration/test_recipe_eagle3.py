@@ -430,14 +430,14 @@ def test_cli_end_to_end_and_resume(tmp_path):
         assert json.load(f)["max_new_tokens"] == 24  # the pool's split-defining arguments are recorded
     curve_json = str(tmp_path / "curve.json")
     p8 = subprocess.run([sys.executable, "bench/draft_data_curve.py", "--target", TARGET, "--pool", out,
-                         "--runs", str(tmp_path / "curve"), "--budgets", "30,100000000", "--json", curve_json,
+                         "--runs", str(tmp_path / "curve"), "--budgets", "30,90,100000000", "--json", curve_json,
                          "--", "--draft-vocab-size", "64", "--epochs", "1", "--no-progress"],
                         capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert p8.returncode == 0, p8.stderr[-3000:]
     assert "budget 100000000:" in p8.stdout and "skipped" in p8.stdout
     with open(curve_json) as f:
         curve = json.load(f)
-    (point,) = curve["points"]
+    point, point2 = curve["points"]
     from sglang_ext.recipe.eagle3 import read_answers
 
     train_ids = [q.id for q in data_mod.read_split(os.path.join(out, "split.json"))["train"]]
@@ -447,3 +447,23 @@ def test_cli_end_to_end_and_resume(tmp_path):
     assert point["train_answer_tokens"] == sum(len(seqs[i]["ids"]) - seqs[i]["prompt_len"] for i in train_ids[:n])
     assert set(point["heldout_acceptance_by_source"]) == {"gsm", "mtbench"}
     assert "engine up" not in p8.stderr and "answers reused" in p8.stderr
+    # The second point captures only the sequences the first did not hold: its features of those are
+    # the first point's rows, unchanged; the others are a fresh capture (the pool's, up to batching).
+    assert point2["train_prompts"] > point["train_prompts"]
+    reuse_line = [ln for ln in p8.stderr.splitlines() if "sequences reused from" in ln]
+    n_first = point["train_prompts"] + len(rec["split"]["heldout"])
+    assert reuse_line == [f"[features] {n_first} of {point2['train_prompts'] + len(rec['split']['heldout'])} "
+                          f"sequences reused from {tmp_path / 'curve' / 'tokens30' / 'features.pt'}"]
+    first = torch.load(str(tmp_path / "curve" / "tokens30" / "features.pt"), weights_only=False)
+    second = torch.load(str(tmp_path / "curve" / "tokens90" / "features.pt"), weights_only=False)
+    pool = torch.load(os.path.join(out, "features.pt"), weights_only=False)
+    rows1 = dict(zip(first["ids"], first["features"]))
+    rows_pool = dict(zip(pool["ids"], pool["features"]))
+    fresh = 0
+    for sid, row in zip(second["ids"], second["features"]):
+        if sid in rows1:
+            assert torch.equal(row, rows1[sid]), sid
+        else:
+            fresh += 1
+            torch.testing.assert_close(row.float(), rows_pool[sid].float(), atol=2e-2, rtol=2e-2)
+    assert fresh == point2["train_prompts"] - point["train_prompts"] > 0
