@@ -758,7 +758,7 @@ def _run_sequential(args, start, engines, prompts, dcut_kw, never_kw, extra, pac
 
 def _result(args, results, info, online, startup, extra, adaptive, target, draft, kind) -> dict:
     """The saved result of one engine run (side by side or ``--sequential``)."""
-    ref = "full" if "full" in results else NO_SPEC
+    ref = next((m for m in ("full", NO_SPEC, NO_SPEC_SYNC, NO_SPEC_PACKED) if m in results), next(iter(results)))
     lossless = {m: all(results[m][bs]["ids"] == results[ref][bs]["ids"] and not results[m][bs].get("repeat_differs")
                        for bs in args.bs_list) for m in results}
     dcut_stats = {m: {bs: _merge(results[m][bs].get("metrics", [])) for bs in args.bs_list}

@@ -59,13 +59,17 @@ def _table_file(path, n, topk, steps):
     return hand_written_table(path, n, topk, steps, off_ms=[50, 1, 2])
 
 
-def _launch(tmp, topk, steps, n):
+def _launch(tmp, topk, steps, n, algorithm="EAGLE3"):
+    """``--specexit --dcut auto`` on the EAGLE3 draft; ``STANDALONE``: the testbed's standalone draft
+    LM without SpecExit (its only signal source, the draft confidence, turns deferral off)."""
+    standalone = algorithm == "STANDALONE"
     os.environ["SGLANG_EXT_DCUT_TIMING"] = "1"  # the per-step time split (read when the runner starts)
     try:
         return make_engine(os.path.join(MODELS, "target"), attention_backend="torch_sdpa",
-                           speculative_algorithm="EAGLE3", speculative_draft_model_path=os.path.join(MODELS, "draft"),
+                           speculative_algorithm=algorithm,
+                           speculative_draft_model_path=os.path.join(MODELS, "standalone_draft" if standalone else "draft"),
                            speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=n,
-                           max_total_tokens=32768, max_running_requests=64, specexit=True, dcut="auto",
+                           max_total_tokens=32768, max_running_requests=64, specexit=not standalone, dcut="auto",
                            dcut_cost_table=_table_file(str(tmp / "table.json"), n, topk, steps),
                            dcut_cache_dir=str(tmp / "cache"))
     finally:
@@ -118,7 +122,7 @@ def _run(eng, prompts, ratio, every, staggered=False, custom=SPECEXIT_OFF):
     return outs, steps, off, hist
 
 
-def check_draft_off(eng, prompts, hf_ref=None):
+def check_draft_off(eng, prompts, hf_ref=None, custom=SPECEXIT_OFF):
     """Every draft-off mode equals full verification token for token; returns the reference."""
     from sglang_ext.engine.dcut.client import dcut_info, set_force_draft_off, set_force_ratio
 
@@ -127,7 +131,7 @@ def check_draft_off(eng, prompts, hf_ref=None):
     assert info["cost_table"]["off_ms"] == [50, 1, 2]
     held0 = _held(_state(eng)["kv_pool"])
     try:
-        outs, steps, off, _ = _run(eng, prompts, FULL, 0)
+        outs, steps, off, _ = _run(eng, prompts, FULL, 0, custom=custom)
         assert off == 0
         ref = [(o["output_ids"], o["meta_info"]["finish_reason"]["type"]) for o in outs]
         assert all(reason == "stop" for _, reason in ref), "reference outputs must end at EOS"
@@ -137,7 +141,7 @@ def check_draft_off(eng, prompts, hf_ref=None):
         for name, ratio, every, staggered in (("all steps draft-off", FULL, 1, False),
                                               ("2 of 3 steps draft-off, staggered", FULL, 3, True),
                                               ("auto", CONFIGURED, 0, False)):
-            outs, steps, off, hist = _run(eng, prompts, ratio, every, staggered)
+            outs, steps, off, hist = _run(eng, prompts, ratio, every, staggered, custom=custom)
             got = [(o["output_ids"], o["meta_info"]["finish_reason"]["type"]) for o in outs]
             bad = [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
             assert not bad, f"{name}: {len(bad)} of {len(prompts)} outputs differ from full verification"
@@ -154,7 +158,7 @@ def check_draft_off(eng, prompts, hf_ref=None):
     return ref
 
 
-def check_deferred_extend(eng, prompts, ref):
+def check_deferred_extend(eng, prompts, ref, custom=SPECEXIT_OFF):
     """``--dcut-draft-off-extend defer`` (the default) against ``always`` (SGLang's one-row extend
     every draft-off step), two of every three steps without drafting: both equal the reference,
     the deferred rows are caught up before every drafted step, and the drafted steps accept as
@@ -169,7 +173,7 @@ def check_deferred_extend(eng, prompts, ref):
         for mode in ("always", "defer"):
             assert set_draft_off_extend(eng, mode)
             before = _state(eng)["draft_off_extend"]
-            outs, steps, off, _ = _run(eng, prompts, FULL, 3)
+            outs, steps, off, _ = _run(eng, prompts, FULL, 3, custom=custom)
             after = _state(eng)["draft_off_extend"]
             got = [(o["output_ids"], o["meta_info"]["finish_reason"]["type"]) for o in outs]
             bad = [i for i, (g, r) in enumerate(zip(got, ref)) if g != r]
@@ -282,6 +286,19 @@ def test_tree_draft_off_lossless(tmp_path, prompts16):
     try:
         ref = check_draft_off(eng, prompts16[:8])
         check_deferred_extend(eng, prompts16[:8], ref)
+    finally:
+        eng.shutdown()
+
+
+def test_standalone_draft_off_defers_the_draft_lm_extend(tmp_path, prompts16):
+    """A STANDALONE draft (a small LM: no target hidden state to keep) defers the draft extend of
+    its draft-off steps too, and catches up before drafting resumes: lossless against full
+    verification and the target's own greedy output, no more steps than extending every step."""
+    hf = hf_greedy(os.path.join(MODELS, "target"), prompts16[:8], MAX_NEW)
+    eng = _launch(tmp_path, topk=1, steps=3, n=4, algorithm="STANDALONE")
+    try:
+        ref = check_draft_off(eng, prompts16[:8], hf, custom=None)
+        check_deferred_extend(eng, prompts16[:8], ref, custom=None)
     finally:
         eng.shutdown()
 

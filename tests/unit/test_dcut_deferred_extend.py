@@ -63,9 +63,18 @@ def _result(tokens):
                            next_draft_input=SimpleNamespace(tag="shared"))
 
 
+class _Algorithm:
+    def __init__(self, standalone):
+        self.standalone = standalone
+
+    def is_standalone(self):
+        return self.standalone
+
+
 class _Worker:
-    def __init__(self):
+    def __init__(self, standalone=False):
         self._draft_worker = SimpleNamespace(speculative_num_draft_tokens=1)
+        self.speculative_algorithm = _Algorithm(standalone)
         self.stubbed = 0
 
     def _stub_skipped_draft_extend(self, batch, result):
@@ -82,14 +91,15 @@ class _Recorder:
         self.calls.append(dict(seq_lens=batch.seq_lens.tolist(), seq_lens_cpu=batch.seq_lens_cpu.tolist(),
                                seq_lens_sum=batch.seq_lens_sum, slots=batch.out_cache_loc.tolist(),
                                tokens=result.next_token_ids.tolist(),
-                               hidden=result.logits_output.hidden_states[:, 0].tolist(),
+                               hidden=(None if result.logits_output.hidden_states is None
+                                       else result.logits_output.hidden_states[:, 0].tolist()),
                                accept=result.accept_lens.tolist(), width=self.worker._draft_worker.speculative_num_draft_tokens,
                                kwargs=kwargs, shared=result.next_draft_input))
         return "ran"
 
 
-def _setup(next_off):
-    worker = _Worker()
+def _setup(next_off, standalone=False):
+    worker = _Worker(standalone)
     d = DeferredDraftExtend(worker, "defer", lambda bs: next_off[0])
     return worker, d, _Recorder(worker)
 
@@ -120,6 +130,30 @@ def test_defer_then_catch_up_hands_sglang_the_skipped_rows():
     assert call["shared"].tag == "shared"  # outputs land in the step's own next draft input
     assert worker._draft_worker.speculative_num_draft_tokens == 1  # restored
     assert d.summary()["pending_rows"] == 0 and d.stats.catch_ups == 1 and d.stats.caught_up_rows == 2
+
+
+def test_standalone_draft_defers_tokens_without_hidden_states():
+    """A STANDALONE verify captures no hidden state: its rows are deferred all the same (tokens and
+    slots) and caught up with none; an EAGLE verify without hidden states is not deferrable."""
+    next_off = [True]
+    worker, d, sglang = _setup(next_off, standalone=True)
+    for step in range(2):
+        res = _result([100 + step])
+        res.logits_output.hidden_states = None
+        assert d.extend(sglang, _batch(["a"], [10 + step], [110 + step]), res) is None
+    assert sglang.calls == [] and d.summary()["pending_rows"] == 2 and d.pending["a"].hidden == []
+    next_off[0] = False
+    res = _result([102])
+    res.logits_output.hidden_states = None
+    assert d.extend(sglang, _batch(["a"], [12], [112]), res) == "ran"
+    (call,) = sglang.calls
+    assert call["tokens"] == [100, 101, 102] and call["slots"] == [110, 111, 112] and call["hidden"] is None
+    assert call["seq_lens"] == [10] and call["accept"] == [3] and d.stats.caught_up_rows == 2
+    # the same result on an EAGLE worker: SGLang's extend runs (nothing to replay the draft from)
+    worker, d, sglang = _setup([True])
+    res = _result([5])
+    res.logits_output.hidden_states = None
+    assert d.extend(sglang, _batch(["a"], [3], [30]), res) == "ran" and d.stats.deferred_rows == 0
 
 
 def test_nothing_pending_runs_sglangs_extend_unchanged():

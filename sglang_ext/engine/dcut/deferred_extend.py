@@ -12,7 +12,9 @@ leaves the draft stale. Here the extend of a draft-off step is deferred instead:
   position (``logits_output.hidden_states``, computed by the verify anyway), the KV slot
   (``out_cache_loc``) and the position -- in a :class:`PendingDraftRows`, and fills the next draft
   input with SGLang's shape-valid stubs (``EAGLEWorkerV2._stub_skipped_draft_extend``), which a
-  draft-off step never reads;
+  draft-off step never reads. A STANDALONE draft (a small LM of the target's family) reads only the
+  tokens and computes its own hidden states, and its verify captures none: its rows keep no hidden
+  state, and its catch-up is a forward of the draft LM over the pending tokens;
 * **catch up**: the draft-off step *before* drafting resumes runs one draft extend over each
   request's pending rows plus its own row (SGLang's ``_draft_extend_for_decode`` over a ragged
   window laid out by :func:`sglang_ext.dcut.catch_up.catch_up_layout`; the accepted-rows extend
@@ -66,7 +68,8 @@ class PendingDraftRows:
     tokens : list of torch.Tensor
         Per row a 0-d int64 tensor: the token the draft reads at the row (the one verified next).
     hidden : list of torch.Tensor
-        Per row ``# [hidden_dim]``: the target's captured auxiliary hidden state of the position.
+        Per row ``# [hidden_dim]``: the target's captured auxiliary hidden state of the position
+        (empty for a STANDALONE draft, which reads only the tokens).
     slots : list of torch.Tensor
         Per row a 0-d int64 tensor: the KV slot of the position (``out_cache_loc``).
     """
@@ -124,6 +127,10 @@ class DeferredDraftExtend:
         self.every_extend_needed_by: Optional[str] = None
         self.stats = DeferredExtendStats()
         self._warned: set = set()
+        #: The draft reads only the tokens (and writes its own KV): a STANDALONE draft model, whose
+        #: verify captures no target hidden state. Its rows then keep no hidden state.
+        algo = getattr(spec_worker, "speculative_algorithm", None)
+        self.reads_tokens_only = bool(algo is not None and algo.is_standalone())
 
     @property
     def enabled(self) -> bool:
@@ -188,7 +195,9 @@ class DeferredDraftExtend:
         lo = getattr(batch_result, "logits_output", None)
         hs = getattr(lo, "hidden_states", None)
         bs = len(batch.reqs)
-        if hs is None or hs.shape[0] != bs:
+        if hs is None and not self.reads_tokens_only:
+            return "no per-request hidden states of the verify"
+        if hs is not None and hs.shape[0] != bs:
             return "no per-request hidden states of the verify"
         if batch_result.next_token_ids is None or batch_result.next_token_ids.shape[0] != bs:
             return "verify output is not one token per request"
@@ -202,7 +211,8 @@ class DeferredDraftExtend:
         return [int(x) for x in src.tolist()]
 
     def _current_rows(self, batch: Any, batch_result: Any):
-        hidden = batch_result.logits_output.hidden_states.detach().clone()  # [bs, hidden_dim]
+        hs = batch_result.logits_output.hidden_states
+        hidden = None if hs is None else hs.detach().clone()  # [bs, hidden_dim]; None: a STANDALONE draft
         tokens = batch_result.next_token_ids.detach().to(torch.int64).clone()  # [bs]
         slots = batch.out_cache_loc.detach().to(torch.int64).clone()  # [bs]
         return tokens, hidden, slots
@@ -223,7 +233,8 @@ class DeferredDraftExtend:
             if rows is None:
                 rows = self.pending[req.rid] = PendingDraftRows(first_position=pos)
             rows.tokens.append(tokens[b])
-            rows.hidden.append(hidden[b])
+            if hidden is not None:
+                rows.hidden.append(hidden[b])
             rows.slots.append(slots[b])
         self.spec_worker._stub_skipped_draft_extend(batch, batch_result)
         self.stats.deferred_steps += 1
@@ -244,7 +255,8 @@ class DeferredDraftExtend:
                 hid_rows.extend(rows.hidden)
                 slot_rows.extend(rows.slots)
             tok_rows.append(tokens[b])
-            hid_rows.append(hidden[b])
+            if hidden is not None:
+                hid_rows.append(hidden[b])
             slot_rows.append(slots[b])
             counts.append(0 if rows is None else len(rows))
         for req in batch.reqs:
@@ -253,7 +265,7 @@ class DeferredDraftExtend:
         if int(pending.sum()) == 0:
             return original(batch, batch_result, **kwargs)
         layout = catch_up_layout(pending)
-        device = hidden.device
+        device = tokens.device
         index = layout.flat_index(row_offsets(pending + 1)).to(device)  # [bs * width]
         first = [p - c for p, c in zip(positions, counts)]
         # The window starts at each request's first pending position: a surrogate batch (shallow
@@ -266,7 +278,8 @@ class DeferredDraftExtend:
         sb.out_cache_loc = torch.stack(slot_rows).to(batch.out_cache_loc.dtype)[index]
         res = copy.copy(batch_result)  # next_draft_input is shared: the extend's outputs land there
         res.logits_output = copy.copy(batch_result.logits_output)
-        res.logits_output.hidden_states = torch.stack(hid_rows)[index]  # [bs * width, hidden_dim]
+        if hidden is not None:  # a STANDALONE draft reads no target hidden state
+            res.logits_output.hidden_states = torch.stack(hid_rows)[index]  # [bs * width, hidden_dim]
         res.next_token_ids = torch.stack(tok_rows)[index]  # [bs * width]
         accept_dtype = batch_result.accept_lens.dtype if batch_result.accept_lens is not None else torch.int32
         res.accept_lens = layout.accept_lens.to(device=device, dtype=accept_dtype)
