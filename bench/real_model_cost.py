@@ -51,6 +51,25 @@ def _rss_mb(pids):
     return out
 
 
+def accept_by_source(prompt_ids, outs) -> dict:
+    """Accept length (tokens per verify step) of the outputs of each prompt source (the id's prefix
+    before ``:``: ``gsm``, ``mtbench``, ``sharegpt`` -- general chat nobody trained on).
+
+    Examples
+    --------
+    >>> outs = [{"meta_info": {"completion_tokens": c, "spec_verify_ct": v}} for c, v in ((6, 3), (4, 4), (9, 3))]
+    >>> accept_by_source(["gsm:1", "sharegpt:7", "gsm:2"], outs)
+    {'gsm': 2.5, 'sharegpt': 1.0}
+    """
+    tokens: dict = {}
+    verify: dict = {}
+    for pid, o in zip(prompt_ids, outs):
+        src = pid.split(":")[0]
+        tokens[src] = tokens.get(src, 0) + o["meta_info"]["completion_tokens"]
+        verify[src] = verify.get(src, 0) + o["meta_info"]["spec_verify_ct"]
+    return {src: round(tokens[src] / max(verify[src], 1), 3) for src in sorted(tokens)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fresh", action="store_true", help="convert the target again and time it")
@@ -134,10 +153,12 @@ def main(argv=None) -> int:
             res["acceptance"][name] = {
                 "num_steps": steps, "topk": topk, "num_draft_tokens": ndt,
                 "accept_length": round(tokens / max(verify, 1), 3),
+                "accept_length_by_source": accept_by_source([q.id for q in heldout], outs),
                 "tokens_per_s": round(tokens / dt, 1),
                 "identical_to_first_shape": f"{same}/{len(ids)}" if same is not None else "reference",
             }
-            print(f"  {name}: accept length {res['acceptance'][name]['accept_length']}, "
+            print(f"  {name}: accept length {res['acceptance'][name]['accept_length']} "
+                  f"{res['acceptance'][name]['accept_length_by_source']}, "
                   f"{res['acceptance'][name]['tokens_per_s']} tok/s at bs {len(prompts)}", flush=True)
             if k == 0:
                 res["engine_launch_s"] = launch_s

@@ -125,9 +125,12 @@ SMOLLM2_EAGLE3 = ShippedDraft(
     name="smollm2-135m-instruct-eagle3",
     target=SMOLLM2.name,
     description="EAGLE3 draft for smollm2-135m-instruct trained by sglang_ext.recipe.eagle3 "
-                "(one layer, reduced draft vocabulary)",
+                "(one layer, reduced draft vocabulary; 300 k answer tokens of the committed answers pool, "
+                "general chat, GSM and MT-bench, 3 epochs)",
     build_command="python -m sglang_ext.recipe.eagle3 --target \"$(python -m sglang_ext.models "
-                  "fetch smollm2-135m-instruct | tail -n 1)\" --out runs/smollm2-eagle3 && cp -r "
+                  "fetch smollm2-135m-instruct | tail -n 1)\" --out runs/smollm2-eagle3 --sharegpt-prompts 8000 "
+                  "--heldout-per-source 24 --max-train-prompts 2607 --epochs 3 --reuse-answers "
+                  "data/recipe_pools/smollm2-135m-instruct-chat/answers.jsonl.gz && cp -r "
                   "runs/smollm2-eagle3/draft sglang_ext/models/drafts/smollm2-135m-instruct-eagle3",
 )
 

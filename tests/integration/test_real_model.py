@@ -3,8 +3,8 @@ project's EAGLE3 draft for it -- through SGLang on the CPU testbed.
 
 * the fetched target through SGLang equals transformers greedy on 8 held-out prompts;
 * EAGLE3 (chain: 3 steps / 4 draft tokens) with the project's draft equals no speculation on
-  the 24 held-out prompts of the draft's recipe (greedy, 64 new tokens, stopping at EOS), and
-  its acceptance length is printed;
+  24 held-out prompts of the draft's recipe (the first 8 of each source: GSM, MT-bench, ShareGPT
+  general chat; greedy, 64 new tokens, stopping at EOS), and its acceptance length is printed;
 * every D-Cut tier (0.25, 0.5, 0.75) and ``auto`` equal full verification (one engine,
   switched through ``/set_internal_state``; a hand-written cost table whose step cost grows
   with the tier, so ``auto`` prunes);
@@ -36,6 +36,7 @@ SPEC = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative
 TIERS = (0.25, 0.5, 0.75, 1.0)
 FULL, AUTO = 1.0, 0.0  # dcut_force_ratio 0: back to the configured --dcut auto
 ENGINE = dict(max_total_tokens=16384, max_running_requests=32)
+PER_SOURCE = 8  # held-out prompts per source
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,11 @@ def prompts(pair):
     from sglang_ext.recipe.generate import encode_prompts
 
     heldout = read_split(os.path.join(pair[1], "split.json"))["heldout"]
-    assert len(heldout) >= 20
-    return encode_prompts(AutoTokenizer.from_pretrained(pair[0]), heldout)
+    picked = []
+    for src in sorted({q.id.split(":")[0] for q in heldout}):
+        picked += [q for q in heldout if q.id.split(":")[0] == src][:PER_SOURCE]
+    assert len(picked) >= 20
+    return encode_prompts(AutoTokenizer.from_pretrained(pair[0]), picked)
 
 
 @pytest.fixture(scope="module")
