@@ -380,8 +380,8 @@ class DCutConfig:
                         "tier, with a minimum dwell; 'never' keeps drafting. Fixed ratios never switch it off.",
                         _parse_str, choices=DRAFT_OFF_CHOICES)
     draft_off_extend: str = _f(DRAFT_OFF_EXTEND_DEFER, "--dcut-draft-off-extend", "The draft model's extend in "
-                               "draft-off steps: 'defer' skips it and keeps what it would read (the target's "
-                               "captured hidden states), then catches the draft up in one extend in the draft-off "
+                               "draft-off steps: 'defer' skips it and keeps what it would read (the tokens, and an "
+                               "EAGLE draft's target hidden states), then catches the draft up in one extend in the draft-off "
                                "step before drafting resumes; 'always' runs SGLang's one-row extend every "
                                "draft-off step.", _parse_str, choices=DRAFT_OFF_EXTEND_CHOICES)
     online_costs: str = _f(ONLINE_COSTS_ON, "--dcut-online-costs", "Correct --dcut auto's cost table online from "
