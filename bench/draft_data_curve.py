@@ -102,6 +102,10 @@ def recipe_command(target: str, answers: str, out: str, n_prompts: int, pool_arg
     return cmd + list(extra)
 
 
+POINT_PREFIX = "tokens"
+"""A point's recipe run directory in ``--runs``: ``tokens<budget>``."""
+
+
 def reusable_features(runs: str, budget: int) -> Optional[str]:
     """The captured features of the largest point below ``budget`` in ``runs`` (its sequences are a
     prefix of this point's), which the recipe then does not capture again; None when there is none.
@@ -117,14 +121,13 @@ def reusable_features(runs: str, budget: int) -> Optional[str]:
     >>> os.path.relpath(reusable_features(d, 30), d), reusable_features(d, 10)
     ('tokens10/features.pt', None)
     """
-    best = None
-    if os.path.isdir(runs):
-        for name in os.listdir(runs):
-            path = os.path.join(runs, name, "features.pt")
-            if name.startswith("tokens") and name[6:].isdigit() and int(name[6:]) < budget and os.path.exists(path):
-                if best is None or int(name[6:]) > best[0]:
-                    best = (int(name[6:]), path)
-    return best[1] if best else None
+    done = []
+    for name in os.listdir(runs) if os.path.isdir(runs) else []:
+        b = name[len(POINT_PREFIX):]
+        path = os.path.join(runs, name, "features.pt")
+        if name.startswith(POINT_PREFIX) and b.isdigit() and int(b) < budget and os.path.exists(path):
+            done.append((int(b), path))
+    return max(done)[1] if done else None
 
 
 def _pool_args(pool: str) -> Dict[str, object]:
@@ -161,7 +164,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"budget {budget}: the pool's answers hold {sum(tokens.get(i, 0) for i in train_ids)} train "
                   f"tokens so far; skipped", flush=True)
             continue
-        out = os.path.join(args.runs, f"tokens{budget}")
+        out = os.path.join(args.runs, f"{POINT_PREFIX}{budget}")
         cmd = recipe_command(args.target, answers_path(args.pool), out, n, pool_args, extra)
         earlier = reusable_features(args.runs, budget)
         if earlier and "--reuse-features" not in extra:

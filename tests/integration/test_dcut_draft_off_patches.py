@@ -95,6 +95,15 @@ def test_deferred_extend_inputs():
     assert "forward_batch.seq_lens_cpu = forward_batch.seq_lens_cpu + num_draft_tokens" in prep
     fbg = inspect.getsource(EAGLEWorkerV2.forward_batch_generation)
     assert "self.draft_worker._draft_extend_for_decode(" in fbg  # an attribute lookup per call
+    # A STANDALONE draft: the worker's algorithm says so, and its verify captures no hidden state
+    # (the rows then keep tokens only and the catch-up hands SGLang none, as its own extend gets)
+    from sglang.srt.speculative.eagle_utils import eagle_prepare_for_verify
+    from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
+
+    assert "self.speculative_algorithm = SpeculativeAlgorithm.from_string(" in inspect.getsource(
+        StandaloneWorkerV2.__init__)
+    verify_prep = inspect.getsource(eagle_prepare_for_verify)
+    assert "CaptureHiddenMode.NULL" in verify_prep and "spec_algorithm.is_standalone()" in verify_prep
 
 
 def test_tree_path_compaction_runs_only_for_topk_above_one():

@@ -195,9 +195,7 @@ class DeferredDraftExtend:
         lo = getattr(batch_result, "logits_output", None)
         hs = getattr(lo, "hidden_states", None)
         bs = len(batch.reqs)
-        if hs is None and not self.reads_tokens_only:
-            return "no per-request hidden states of the verify"
-        if hs is not None and hs.shape[0] != bs:
+        if (not self.reads_tokens_only) if hs is None else hs.shape[0] != bs:
             return "no per-request hidden states of the verify"
         if batch_result.next_token_ids is None or batch_result.next_token_ids.shape[0] != bs:
             return "verify output is not one token per request"
